@@ -1,0 +1,38 @@
+// Package route keeps the kernel routes and policy rules meshd owns in line
+// with a desired set.
+//
+// Ownership is marked in the kernel itself, so a restarted daemon finds and
+// adopts what an earlier run left behind:
+//
+//   - a route is meshd's when it carries meshd's route protocol number
+//     (Options.Protocol, default 109) in a table meshd owns (Options.Table,
+//     default 51820, plus every table a desired route named during this
+//     process's life);
+//   - a policy rule is meshd's when it is a plain "from all lookup T" rule and
+//     either points at meshd's table or carries meshd's protocol number (meshd
+//     tags the rules it adds with it). Rules are identified by family,
+//     priority and table.
+//
+// Nothing else is ever changed or deleted. [Manager.Set] diffs by full route
+// identity (family, table, destination, gateway, source, output interface
+// index, protocol, metric) held in a comparable struct of netip values, adds
+// before it deletes, replaces in place when a route keeps its kernel slot
+// (table, destination, metric) but changes gateway, source or device, and
+// performs no netlink write at all when nothing differs. It goes on past a
+// failure and returns every failure joined.
+//
+// [Manager.Run] watches rtnetlink route and rule notifications and puts back
+// the last desired set when something else changes meshd's routes or rules.
+// netlink v1.3.1 has no rule subscription, so rules are watched with a raw
+// rtnetlink socket bound to RTNLGRP_IPV4_RULE and RTNLGRP_IPV6_RULE. When the
+// kernel drops the subscription (ENOBUFS after a burst), Run resubscribes with
+// exponential back-off and does a full resync; it never spins. Every
+// (re)subscription is followed by a full resync rather than ListExisting, so
+// nothing changed between two subscriptions is missed. A periodic resync
+// catches what the kernel does not announce (IPv4 routes flushed with a
+// deleted interface).
+//
+// All kernel access goes through the narrow [Kernel] interface; [New] binds it
+// to real netlink in the caller's network namespace and [FakeKernel] is an
+// in-memory stand-in for tests.
+package route

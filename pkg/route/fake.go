@@ -1,0 +1,338 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+)
+
+// FakeKernel is an in-memory Kernel for tests. It keeps the kernel's rules
+// that matter to meshd: one route per slot (family, table, destination,
+// metric) with EEXIST on a second add, replace in place, exact-match delete,
+// ENODEV for unknown interfaces, plain rules with EEXIST on duplicates. Each
+// change is announced to subscribers; a subscriber whose buffer is full is
+// dropped (its channel closed), as the kernel does on ENOBUFS;
+// DropSubscriptions does the same on demand.
+type FakeKernel struct {
+	mu        sync.Mutex
+	routes    map[KernelRoute]bool
+	rules     map[KernelRule]bool
+	links     map[string]int
+	connected map[netip.Prefix]int // for choosing the device of a gateway route
+	nextLink  int
+	subs      map[*fakeSub]bool
+	writes    uint64
+	subscribe int
+
+	failFn       func(op string, obj any) error
+	subscribeErr error
+}
+
+type fakeSub struct {
+	ch   chan Event
+	once sync.Once
+}
+
+func (s *fakeSub) close() { s.once.Do(func() { close(s.ch) }) }
+
+// NewFakeKernel returns an empty FakeKernel.
+func NewFakeKernel() *FakeKernel {
+	return &FakeKernel{
+		routes:    map[KernelRoute]bool{},
+		rules:     map[KernelRule]bool{},
+		links:     map[string]int{},
+		connected: map[netip.Prefix]int{},
+		nextLink:  2,
+		subs:      map[*fakeSub]bool{},
+	}
+}
+
+// SetFail installs a hook asked before every write: op is "add route",
+// "replace route", "delete route", "add rule" or "delete rule", obj the
+// KernelRoute or KernelRule; a non-nil error fails the write (it still
+// counts as a write). nil removes the hook.
+func (f *FakeKernel) SetFail(fn func(op string, obj any) error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failFn = fn
+}
+
+// SetSubscribeErr makes Subscribe fail with err (nil: succeed again).
+func (f *FakeKernel) SetSubscribeErr(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subscribeErr = err
+}
+
+// AddLink creates an interface (a new index each time) and returns its
+// index; the prefixes are its connected networks.
+func (f *FakeKernel) AddLink(name string, connected ...netip.Prefix) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx := f.nextLink
+	f.nextLink++
+	f.links[name] = idx
+	for _, p := range connected {
+		f.connected[p.Masked()] = idx
+	}
+	return idx
+}
+
+// DelLink removes an interface and, silently as the kernel does for IPv4,
+// every route through it.
+func (f *FakeKernel) DelLink(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx := f.links[name]
+	delete(f.links, name)
+	for p, i := range f.connected {
+		if i == idx {
+			delete(f.connected, p)
+		}
+	}
+	for r := range f.routes {
+		if r.LinkIndex == idx {
+			delete(f.routes, r)
+		}
+	}
+}
+
+// Routes returns every route of every table and protocol.
+func (f *FakeKernel) Routes() map[KernelRoute]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.routes)
+}
+
+// Rules returns every rule.
+func (f *FakeKernel) Rules() map[KernelRule]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.rules)
+}
+
+// Writes counts the writes the fake was asked for, failed ones included.
+func (f *FakeKernel) Writes() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.writes
+}
+
+// Subscribes counts calls to Subscribe.
+func (f *FakeKernel) Subscribes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscribe
+}
+
+// DropSubscriptions closes every subscription, as the kernel does on
+// overrun.
+func (f *FakeKernel) DropSubscriptions() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s := range f.subs {
+		delete(f.subs, s)
+		s.close()
+	}
+}
+
+// Notify sends ev to every subscriber (for instance an Err event).
+func (f *FakeKernel) Notify(ev Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.notifyLocked(ev)
+}
+
+func (f *FakeKernel) notifyLocked(ev Event) {
+	for s := range f.subs {
+		select {
+		case s.ch <- ev:
+		default: // overrun: the kernel drops the listener
+			delete(f.subs, s)
+			s.close()
+		}
+	}
+}
+
+func (f *FakeKernel) fail(op string, obj any) error {
+	f.writes++
+	if f.failFn != nil {
+		return f.failFn(op, obj)
+	}
+	return nil
+}
+
+func (f *FakeKernel) ListRoutes(table, protocol int) ([]KernelRoute, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []KernelRoute
+	for r := range f.routes {
+		if r.Table == table && r.Protocol == protocol {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// resolveLocked checks r's device, or picks one from its gateway.
+func (f *FakeKernel) resolveLocked(r KernelRoute) (KernelRoute, error) {
+	if !r.Dst.IsValid() || r.Table == 0 {
+		return r, syscall.EINVAL
+	}
+	if r.LinkIndex != 0 {
+		if !slices.Contains(slices.Collect(maps.Values(f.links)), r.LinkIndex) {
+			return r, syscall.ENODEV
+		}
+		return r, nil
+	}
+	for p, idx := range f.connected {
+		if r.Gateway.IsValid() && p.Contains(r.Gateway) {
+			r.LinkIndex = idx
+			return r, nil
+		}
+	}
+	return r, syscall.ENETUNREACH
+}
+
+func (f *FakeKernel) slotTakenLocked(s slot) (KernelRoute, bool) {
+	for r := range f.routes {
+		if r.slot() == s {
+			return r, true
+		}
+	}
+	return KernelRoute{}, false
+}
+
+func (f *FakeKernel) AddRoute(r KernelRoute) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("add route", r); err != nil {
+		return err
+	}
+	r, err := f.resolveLocked(r)
+	if err != nil {
+		return err
+	}
+	if _, taken := f.slotTakenLocked(r.slot()); taken {
+		return syscall.EEXIST
+	}
+	f.routes[r] = true
+	f.notifyLocked(Event{Route: &r})
+	return nil
+}
+
+func (f *FakeKernel) ReplaceRoute(r KernelRoute) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("replace route", r); err != nil {
+		return err
+	}
+	r, err := f.resolveLocked(r)
+	if err != nil {
+		return err
+	}
+	if old, taken := f.slotTakenLocked(r.slot()); taken {
+		delete(f.routes, old)
+		f.notifyLocked(Event{Route: &old, Deleted: true})
+	}
+	f.routes[r] = true
+	f.notifyLocked(Event{Route: &r})
+	return nil
+}
+
+func (f *FakeKernel) DelRoute(r KernelRoute) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("delete route", r); err != nil {
+		return err
+	}
+	for have := range f.routes {
+		if have.slot() != r.slot() || have.Protocol != r.Protocol ||
+			(r.Gateway.IsValid() && have.Gateway != r.Gateway) ||
+			(r.LinkIndex != 0 && have.LinkIndex != r.LinkIndex) ||
+			(r.Src.IsValid() && have.Src != r.Src) {
+			continue
+		}
+		delete(f.routes, have)
+		f.notifyLocked(Event{Route: &have, Deleted: true})
+		return nil
+	}
+	return syscall.ESRCH
+}
+
+func (f *FakeKernel) ListRules() ([]KernelRule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Collect(maps.Keys(f.rules)), nil
+}
+
+func (f *FakeKernel) AddRule(r KernelRule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("add rule", r); err != nil {
+		return err
+	}
+	if r.Family != FamilyV4 && r.Family != FamilyV6 {
+		return syscall.EAFNOSUPPORT
+	}
+	for have := range f.rules {
+		if have.id() == r.id() {
+			return syscall.EEXIST
+		}
+	}
+	f.rules[r] = true
+	f.notifyLocked(Event{Rule: &r})
+	return nil
+}
+
+func (f *FakeKernel) DelRule(r KernelRule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail("delete rule", r); err != nil {
+		return err
+	}
+	for have := range f.rules {
+		if have.id() == r.id() && (r.Protocol == 0 || have.Protocol == r.Protocol) {
+			delete(f.rules, have)
+			f.notifyLocked(Event{Rule: &have, Deleted: true})
+			return nil
+		}
+	}
+	return syscall.ENOENT
+}
+
+func (f *FakeKernel) LinkIndex(name string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx, ok := f.links[name]
+	if !ok {
+		return 0, fmt.Errorf("link %q: %w", name, errors.New("Link not found"))
+	}
+	return idx, nil
+}
+
+func (f *FakeKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subscribe++
+	if f.subscribeErr != nil {
+		return nil, f.subscribeErr
+	}
+	s := &fakeSub{ch: make(chan Event, 1024)}
+	f.subs[s] = true
+	go func() {
+		<-done
+		f.mu.Lock()
+		delete(f.subs, s)
+		s.close()
+		f.mu.Unlock()
+	}()
+	return s.ch, nil
+}
+
+var _ Kernel = (*FakeKernel)(nil)
+var _ Kernel = (*netlinkKernel)(nil)

@@ -1,0 +1,454 @@
+package route
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for Options.
+const (
+	DefaultProtocol       = 109
+	DefaultTable          = 51820
+	DefaultRulePriority   = 31000
+	DefaultResyncInterval = 30 * time.Second
+)
+
+// Route is one route meshd wants. Table 0 means Options.Table. Device is an
+// interface name, resolved to its index at every Set (so a recreated
+// interface is followed); "" lets the kernel choose the device by Gateway.
+// Metric 0 on IPv6 is what the kernel calls 1024.
+type Route struct {
+	Table   int
+	Dst     netip.Prefix
+	Gateway netip.Addr
+	Device  string
+	Src     netip.Addr
+	Metric  int
+}
+
+// Rule is one policy rule "from all lookup Table" at Priority. Priority 0
+// means DefaultRulePriority, Table 0 means Options.Table.
+type Rule struct {
+	Priority int
+	Table    int
+	IPv6     bool
+}
+
+// Options configure a Manager. Zero values take the defaults.
+type Options struct {
+	Protocol int          // route protocol number marking meshd's routes; default 109
+	Table    int          // the table meshd owns; default 51820
+	Logger   *slog.Logger // default: discard
+	// ResyncInterval is how often Run re-applies the desired set even when
+	// no notification arrived; default 30s.
+	ResyncInterval time.Duration
+}
+
+// Manager owns meshd's routes and rules. Its methods are safe for
+// concurrent use.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+	k    Kernel
+
+	mu           sync.Mutex
+	haveDesired  bool
+	routes       []Route
+	rules        []Rule
+	tables       map[int]bool         // tables whose protocol-marked routes are ours
+	routeState   map[KernelRoute]bool // our routes in the kernel after the last sync (never mutated once stored)
+	ruleState    map[KernelRule]bool  // ids of our rules in the kernel after the last sync (idem)
+	desiredRules map[KernelRule]bool  // ids of the desired rules (idem)
+
+	// view is what the last sync left, for Run to judge notifications by
+	// without waiting for a Set in progress.
+	view atomic.Pointer[view]
+
+	writes       atomic.Uint64
+	resubscribes atomic.Uint64
+	syncs        atomic.Uint64
+	close        func() error
+}
+
+// view is an immutable snapshot of the Manager's state after a sync.
+type view struct {
+	haveDesired  bool
+	tables       map[int]bool
+	routes       map[KernelRoute]bool
+	rules        map[KernelRule]bool
+	desiredRules map[KernelRule]bool
+}
+
+// NewWithKernel returns a Manager working through k.
+func NewWithKernel(opts Options, k Kernel) *Manager {
+	if opts.Protocol == 0 {
+		opts.Protocol = DefaultProtocol
+	}
+	if opts.Table == 0 {
+		opts.Table = DefaultTable
+	}
+	if opts.ResyncInterval <= 0 {
+		opts.ResyncInterval = DefaultResyncInterval
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{
+		opts:   opts,
+		log:    log.With("component", "route"),
+		k:      k,
+		tables: map[int]bool{opts.Table: true},
+	}
+}
+
+// Writes is the number of netlink writes (route and rule add, replace and
+// delete requests, failed ones included) made so far.
+func (m *Manager) Writes() uint64 { return m.writes.Load() }
+
+// Resubscribes is how many times Run had to subscribe again after the
+// kernel dropped its subscription or subscribing failed.
+func (m *Manager) Resubscribes() uint64 { return m.resubscribes.Load() }
+
+// Close releases the netlink handle of a Manager made by New. It does not
+// remove anything from the kernel (see Cleanup).
+func (m *Manager) Close() error {
+	if m.close == nil {
+		return nil
+	}
+	return m.close()
+}
+
+// Set makes meshd's routes and rules exactly routes and rules. It is
+// idempotent: when the kernel already matches it makes no write. It goes on
+// past failures and returns them all joined; the next Set (or a repair by
+// Run) retries only what is still missing or stale.
+func (m *Manager) Set(routes []Route, rules []Rule) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.routes = slices.Clone(routes)
+	m.rules = slices.Clone(rules)
+	m.haveDesired = true
+	return m.syncLocked()
+}
+
+// Cleanup removes every route and rule meshd owns and forgets the desired
+// set, so Run stops repairing until the next Set.
+func (m *Manager) Cleanup() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.routes, m.rules, m.haveDesired = nil, nil, false
+	return m.syncLocked()
+}
+
+// resync re-applies the last desired set; it reports whether it wrote.
+func (m *Manager) resync() (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.haveDesired {
+		return false, nil
+	}
+	before := m.writes.Load()
+	err := m.syncLocked()
+	return m.writes.Load() != before, err
+}
+
+func (m *Manager) write(what string, obj fmt.Stringer, f func() error) error {
+	m.writes.Add(1)
+	if err := f(); err != nil {
+		return fmt.Errorf("%s %s: %w", what, obj, err)
+	}
+	m.log.Debug(what, "obj", obj.String())
+	return nil
+}
+
+func (m *Manager) syncLocked() error {
+	m.syncs.Add(1)
+	var errs []error
+	errs = append(errs, m.syncRoutes()...)
+	errs = append(errs, m.syncRules()...)
+	m.view.Store(&view{
+		haveDesired:  m.haveDesired,
+		tables:       maps.Clone(m.tables),
+		routes:       m.routeState,
+		rules:        m.ruleState,
+		desiredRules: m.desiredRules,
+	})
+	return errors.Join(errs...)
+}
+
+// desiredRouteKeys turns the desired routes into kernel identities,
+// resolving device names once each.
+func (m *Manager) desiredRouteKeys() (map[KernelRoute]bool, []error) {
+	var errs []error
+	want := make(map[KernelRoute]bool, len(m.routes))
+	links := map[string]int{}
+	linkErrs := map[string]error{}
+	for _, r := range m.routes {
+		k, err := m.routeKey(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("route %s: %w", r.Dst, err))
+			continue
+		}
+		if r.Device != "" {
+			idx, ok := links[r.Device]
+			if !ok {
+				if err, seen := linkErrs[r.Device]; seen {
+					errs = append(errs, fmt.Errorf("route %s: resolve device %q: %w", r.Dst, r.Device, err))
+					continue
+				}
+				idx, err = m.k.LinkIndex(r.Device)
+				if err != nil {
+					linkErrs[r.Device] = err
+					errs = append(errs, fmt.Errorf("route %s: resolve device %q: %w", r.Dst, r.Device, err))
+					continue
+				}
+				links[r.Device] = idx
+			}
+			k.LinkIndex = idx
+		}
+		m.tables[k.Table] = true
+		want[k] = true
+	}
+	return want, errs
+}
+
+// routeKey validates and normalizes r (without its device).
+func (m *Manager) routeKey(r Route) (KernelRoute, error) {
+	if !r.Dst.IsValid() {
+		return KernelRoute{}, errors.New("invalid destination")
+	}
+	addr, bits := r.Dst.Addr(), r.Dst.Bits()
+	if addr.Is4In6() {
+		addr, bits = addr.Unmap(), bits-96
+	}
+	dst := netip.PrefixFrom(addr.WithZone(""), bits)
+	if !dst.IsValid() {
+		return KernelRoute{}, errors.New("invalid destination")
+	}
+	dst = dst.Masked()
+	k := KernelRoute{
+		Family:   FamilyV4,
+		Table:    r.Table,
+		Dst:      dst,
+		Protocol: m.opts.Protocol,
+		Metric:   r.Metric,
+	}
+	if dst.Addr().Is6() {
+		k.Family = FamilyV6
+		if k.Metric == 0 {
+			k.Metric = 1024
+		}
+	}
+	if k.Table == 0 {
+		k.Table = m.opts.Table
+	}
+	if k.Table < 0 || k.Metric < 0 {
+		return KernelRoute{}, errors.New("negative table or metric")
+	}
+	if r.Gateway.IsValid() {
+		k.Gateway = r.Gateway.Unmap().WithZone("")
+		if k.Gateway.Is6() != dst.Addr().Is6() {
+			return KernelRoute{}, fmt.Errorf("gateway %s is not in the destination's family", r.Gateway)
+		}
+	}
+	if r.Src.IsValid() {
+		k.Src = r.Src.Unmap().WithZone("")
+		if k.Src.Is6() != dst.Addr().Is6() {
+			return KernelRoute{}, fmt.Errorf("source %s is not in the destination's family", r.Src)
+		}
+	}
+	if r.Device == "" && !k.Gateway.IsValid() {
+		return KernelRoute{}, errors.New("neither device nor gateway")
+	}
+	return k, nil
+}
+
+// sortedRoutes returns the routes of set for which keep is true, in a
+// stable order (only what changes is sorted: an unchanged Set sorts nothing).
+func sortedRoutes(set map[KernelRoute]bool, keep func(KernelRoute) bool) []KernelRoute {
+	var out []KernelRoute
+	for r := range set {
+		if keep(r) {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b KernelRoute) int {
+		return cmp.Or(cmp.Compare(a.Table, b.Table), a.Dst.Addr().Compare(b.Dst.Addr()),
+			cmp.Compare(a.Dst.Bits(), b.Dst.Bits()), cmp.Compare(a.Metric, b.Metric),
+			a.Gateway.Compare(b.Gateway), cmp.Compare(a.LinkIndex, b.LinkIndex), a.Src.Compare(b.Src))
+	})
+	return out
+}
+
+func (m *Manager) syncRoutes() []error {
+	want, errs := m.desiredRouteKeys()
+
+	// What is ours in the kernel now.
+	have := map[KernelRoute]bool{}
+	tables := make([]int, 0, len(m.tables))
+	for t := range m.tables {
+		tables = append(tables, t)
+	}
+	slices.Sort(tables)
+	for _, t := range tables {
+		rs, err := m.k.ListRoutes(t, m.opts.Protocol)
+		if err != nil {
+			// Without knowing what is there, writing could only guess.
+			return append(errs, fmt.Errorf("list routes of table %d: %w", t, err))
+		}
+		for _, r := range rs {
+			have[r] = true
+		}
+	}
+
+	// A desired route without device matches the kernel's route whatever
+	// interface the kernel chose for it.
+	var anyLink map[KernelRoute]KernelRoute
+	for r := range want {
+		if r.LinkIndex != 0 || have[r] {
+			continue
+		}
+		if anyLink == nil {
+			anyLink = map[KernelRoute]KernelRoute{}
+			for h := range have {
+				w := h
+				w.LinkIndex = 0
+				anyLink[w] = h
+			}
+		}
+		if h, ok := anyLink[r]; ok {
+			delete(want, r)
+			want[h] = true
+		}
+	}
+
+	stale := map[slot]KernelRoute{}
+	for h := range have {
+		if !want[h] {
+			stale[h.slot()] = h
+		}
+	}
+
+	// Add (or replace in place) first, then delete.
+	for _, r := range sortedRoutes(want, func(r KernelRoute) bool { return !have[r] }) {
+		if old, ok := stale[r.slot()]; ok {
+			err := m.write("replace route", r, func() error { return m.k.ReplaceRoute(r) })
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(stale, r.slot())
+			delete(have, old)
+			have[r] = true
+			continue
+		}
+		if err := m.write("add route", r, func() error { return m.k.AddRoute(r) }); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		have[r] = true
+	}
+	for _, r := range sortedRoutes(have, func(r KernelRoute) bool { return !want[r] }) {
+		if err := m.write("delete route", r, func() error { return m.k.DelRoute(r) }); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(have, r)
+	}
+	m.routeState = have
+	return errs
+}
+
+func (m *Manager) ownsRule(r KernelRule) bool {
+	return r.Protocol == m.opts.Protocol || r.Table == m.opts.Table
+}
+
+func (m *Manager) syncRules() []error {
+	var errs []error
+	want := map[KernelRule]bool{}
+	for _, r := range m.rules {
+		k := KernelRule{Family: FamilyV4, Priority: r.Priority, Table: r.Table}
+		if r.IPv6 {
+			k.Family = FamilyV6
+		}
+		if k.Priority == 0 {
+			k.Priority = DefaultRulePriority
+		}
+		if k.Table == 0 {
+			k.Table = m.opts.Table
+		}
+		if k.Priority < 0 || k.Table < 0 {
+			errs = append(errs, fmt.Errorf("%s: negative priority or table", k))
+			continue
+		}
+		want[k] = true
+	}
+	m.desiredRules = want
+
+	list, err := m.k.ListRules()
+	if err != nil {
+		return append(errs, fmt.Errorf("list rules: %w", err))
+	}
+	present := map[KernelRule]bool{} // every plain rule, ours or not, by id
+	ours := map[KernelRule]KernelRule{}
+	for _, r := range list {
+		present[r.id()] = true
+		if m.ownsRule(r) {
+			ours[r.id()] = r
+		}
+	}
+	state := map[KernelRule]bool{}
+	for _, id := range sortedRules(want) {
+		if present[id] {
+			state[id] = true
+			continue
+		}
+		r := id
+		r.Protocol = m.opts.Protocol
+		if err := m.write("add", r, func() error { return m.k.AddRule(r) }); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		state[id] = true
+	}
+	for _, id := range sortedRules(mapKeys(ours)) {
+		if want[id] {
+			continue
+		}
+		r := ours[id]
+		if err := m.write("delete", r, func() error { return m.k.DelRule(r) }); err != nil {
+			errs = append(errs, err)
+			state[id] = true
+		}
+	}
+	m.ruleState = state
+	return errs
+}
+
+func mapKeys[V any](m map[KernelRule]V) map[KernelRule]bool {
+	out := make(map[KernelRule]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}
+
+func sortedRules(set map[KernelRule]bool) []KernelRule {
+	out := make([]KernelRule, 0, len(set))
+	for r := range set {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b KernelRule) int {
+		return cmp.Or(cmp.Compare(a.Family, b.Family), cmp.Compare(a.Priority, b.Priority), cmp.Compare(a.Table, b.Table))
+	})
+	return out
+}
