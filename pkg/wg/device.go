@@ -1,0 +1,436 @@
+package wg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Client is the seam over wgctrl: reading and configuring a device by name,
+// with wgctrl.Client's semantics. FakeClient implements it in memory.
+type Client interface {
+	Device(name string) (*wgtypes.Device, error)
+	ConfigureDevice(name string, cfg wgtypes.Config) error
+}
+
+// Device is an open WireGuard interface.
+type Device struct {
+	name  string
+	kind  string
+	mtu   int
+	log   *slog.Logger
+	index int
+
+	client Client
+	links  LinkOps
+
+	closeClient func() error
+	handle      *netlink.Handle
+	inproc      *userspace
+	createdLink bool
+
+	mu     sync.Mutex
+	last   map[wgtypes.Key]netip.AddrPort // endpoint last written per peer
+	writes atomic.Uint64
+	closed bool
+}
+
+// NewWithClient returns a Device over the given seams, for tests of code
+// that drives a Device (Kind reports "fake"). Close and Delete only mark it
+// closed.
+func NewWithClient(name string, c Client, links LinkOps, mtu int, log *slog.Logger) *Device {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{name: name, kind: KindFake, mtu: mtu, log: log, client: c, links: links, last: map[wgtypes.Key]netip.AddrPort{}}
+	if st, err := links.Link(name); err == nil {
+		d.index = st.Index
+	}
+	return d
+}
+
+// Open opens the WireGuard interface opts.Name in the calling thread's
+// network namespace (lock the OS thread if the caller switched namespaces):
+// it adopts an existing kernel link or a userspace device whose UAPI socket
+// answers, else creates one as opts.Mode allows. It only creates the
+// interface; Set configures it. ctx bounds Open itself, not the device's
+// life: Close stops an in-process device.
+func Open(ctx context.Context, opts Options) (_ *Device, err error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	mode := opts.Mode
+	if mode == "" {
+		mode = ModeAuto
+	}
+	if _, err := ParseMode(string(mode)); err != nil {
+		return nil, err
+	}
+	if err := validName(opts.Name); err != nil {
+		return nil, err
+	}
+	name := opts.Name
+	log = log.With("interface", name)
+
+	ns, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("getting the current network namespace: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}}
+	defer func() {
+		if err != nil {
+			if d.kind == KindKernel && d.createdLink {
+				if l, lerr := h.LinkByName(name); lerr == nil {
+					h.LinkDel(l) // do not leave a half-opened link behind
+				}
+			}
+			d.release()
+		}
+	}()
+
+	link, err := h.LinkByName(name)
+	var notFound netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		if d.kind, err = adoptKind(link, mode); err != nil {
+			return nil, err
+		}
+		log.Info("adopting existing WireGuard interface", "kind", d.kind)
+	case errors.As(err, &notFound):
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("opening WireGuard interface %s: %w", name, err)
+		}
+		if err := d.create(ns, mode); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("looking up interface %s: %w", name, err)
+	}
+
+	// The wgctrl client is made after the link exists, so that a kernel
+	// module loaded by creating it is seen.
+	wc, err := wgctrl.New()
+	if err != nil {
+		return nil, fmt.Errorf("opening wgctrl: %w", err)
+	}
+	d.client, d.closeClient = wc, wc.Close
+	wd, err := d.client.Device(name)
+	if err != nil {
+		return nil, fmt.Errorf("reading WireGuard device %s (%s): %w", name, d.kind, err)
+	}
+	if (d.kind == KindKernel) != (wd.Type == wgtypes.LinuxKernel) {
+		return nil, fmt.Errorf("WireGuard device %s: wgctrl reports a %s device, expected %s", name, wd.Type, d.kind)
+	}
+	st, err := d.links.Link(name)
+	if err != nil {
+		return nil, err
+	}
+	d.index = st.Index
+	return d, nil
+}
+
+// adoptKind decides whether an existing link can be adopted in mode.
+func adoptKind(link netlink.Link, mode Mode) (string, error) {
+	name := link.Attrs().Name
+	switch link.Type() {
+	case "wireguard":
+		if mode == ModeUserspace {
+			return "", fmt.Errorf("interface %s is a kernel WireGuard link but mode is userspace; delete it or use mode auto", name)
+		}
+		return KindKernel, nil
+	case "tuntap", "tun":
+		if mode == ModeKernel {
+			return "", fmt.Errorf("interface %s is a userspace (TUN) WireGuard device but mode is kernel; delete it or use mode auto", name)
+		}
+		c, err := net.DialTimeout("unix", socketPath(name), 2*time.Second)
+		if err != nil {
+			return "", fmt.Errorf("interface %s exists (TUN) but no WireGuard UAPI socket answers at %s: %w", name, socketPath(name), err)
+		}
+		c.Close()
+		return KindUserspaceExternal, nil
+	}
+	return "", fmt.Errorf("interface %s exists with type %q, not WireGuard; refusing to touch it", name, link.Type())
+}
+
+// create makes a kernel link or an in-process userspace device.
+func (d *Device) create(ns netns.NsHandle, mode Mode) error {
+	if mode != ModeUserspace {
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name = d.name
+		if d.mtu > 0 {
+			attrs.MTU = d.mtu
+		}
+		err := d.handle.LinkAdd(&netlink.Wireguard{LinkAttrs: attrs})
+		if err == nil {
+			d.writes.Add(1)
+			d.kind = KindKernel
+			d.createdLink = true
+			d.log.Info("created kernel WireGuard interface")
+			return nil
+		}
+		if mode == ModeKernel {
+			return fmt.Errorf("creating kernel WireGuard interface %s (is the wireguard module available?): %w", d.name, err)
+		}
+		d.log.Info("kernel WireGuard unavailable; using the userspace implementation in-process", "reason", err)
+	}
+	u, err := startUserspace(ns, d.name, d.mtu, true, d.log)
+	if err != nil {
+		return fmt.Errorf("creating userspace WireGuard interface %s: %w", d.name, err)
+	}
+	d.writes.Add(1)
+	d.inproc = u
+	d.kind = KindUserspaceInProcess
+	d.log.Info("started in-process userspace WireGuard device", "socket", socketPath(d.name))
+	return nil
+}
+
+// Name returns the interface name.
+func (d *Device) Name() string { return d.name }
+
+// LinkIndex returns the interface index found or created by Open.
+func (d *Device) LinkIndex() int { return d.index }
+
+// Kind returns KindKernel, KindUserspaceInProcess or KindUserspaceExternal.
+func (d *Device) Kind() string { return d.kind }
+
+// Writes returns how many ConfigureDevice and netlink write calls this
+// Device made (creation included).
+func (d *Device) Writes() uint64 { return d.writes.Load() }
+
+// Set makes the interface match cfg, writing only what differs: MTU, up,
+// addresses, then one ConfigureDevice with the changed device fields and
+// peers. It goes on past failures and returns them joined. If the batched
+// ConfigureDevice fails, the changes are retried one peer at a time so one
+// bad peer does not hold the others back.
+func (d *Device) Set(cfg Config) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("configuring %s: device closed", d.name)
+	}
+	var errs []error
+	if err := d.setLink(cfg); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.setWireGuard(cfg); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Device) setLink(cfg Config) error {
+	var errs []error
+	st, err := d.links.Link(d.name)
+	if err != nil {
+		return err
+	}
+	mtu := cfg.MTU
+	if mtu == 0 {
+		mtu = d.mtu
+	}
+	if mtu > 0 && st.MTU != mtu {
+		d.writes.Add(1)
+		if err := d.links.SetMTU(d.name, mtu); err != nil {
+			errs = append(errs, fmt.Errorf("setting MTU of %s to %d: %w", d.name, mtu, err))
+		}
+	}
+	if !st.Up {
+		d.writes.Add(1)
+		if err := d.links.SetUp(d.name); err != nil {
+			errs = append(errs, fmt.Errorf("setting %s up: %w", d.name, err))
+		} else if d.inproc != nil {
+			// Start the device now rather than when the TUN event
+			// arrives, so that peers configured next start at once.
+			if err := d.inproc.devUp(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	want, err := normalizeAddrs(cfg.Addresses)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	have, _ := normalizeAddrs(st.Addrs)
+	for _, p := range want {
+		if !slices.Contains(have, p) {
+			d.writes.Add(1)
+			if err := d.links.AddAddr(d.name, p); err != nil && !errors.Is(err, os.ErrExist) {
+				errs = append(errs, fmt.Errorf("adding address %s to %s: %w", p, d.name, err))
+			}
+		}
+	}
+	for _, p := range have {
+		if slices.Contains(want, p) || (p.Addr().Is6() && p.Addr().IsLinkLocalUnicast()) {
+			continue
+		}
+		d.writes.Add(1)
+		if err := d.links.DelAddr(d.name, p); err != nil {
+			errs = append(errs, fmt.Errorf("removing address %s from %s: %w", p, d.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Device) setWireGuard(cfg Config) error {
+	cur, err := d.client.Device(d.name)
+	if err != nil {
+		return fmt.Errorf("reading WireGuard device %s: %w", d.name, err)
+	}
+	dl, derr := computeDelta(cur, cfg, d.last)
+	var errs []error
+	if derr != nil {
+		errs = append(errs, fmt.Errorf("configuring %s: %w", d.name, derr))
+	}
+	for k, ep := range dl.known {
+		d.last[k] = ep
+	}
+	if dl.empty() {
+		return errors.Join(errs...)
+	}
+	d.log.Debug("configuring WireGuard", "peers", dl.peerCount(), "privateKey", dl.cfg.PrivateKey != nil, "listenPort", dl.cfg.ListenPort != nil, "nudged", len(dl.nudged))
+	d.writes.Add(1)
+	err = d.client.ConfigureDevice(d.name, dl.cfg)
+	if err == nil {
+		d.applied(dl, dl.cfg.Peers)
+		return errors.Join(errs...)
+	}
+	d.log.Warn("batched WireGuard configuration failed; retrying peer by peer", "err", err)
+	// Retry: device fields, then each peer on its own.
+	if dl.cfg.PrivateKey != nil || dl.cfg.ListenPort != nil {
+		d.writes.Add(1)
+		dev := wgtypes.Config{PrivateKey: dl.cfg.PrivateKey, ListenPort: dl.cfg.ListenPort}
+		if err := d.client.ConfigureDevice(d.name, dev); err != nil {
+			errs = append(errs, fmt.Errorf("configuring %s (private key, listen port): %w", d.name, err))
+		}
+	}
+	for _, g := range groupPeers(dl.cfg.Peers) {
+		d.writes.Add(1)
+		if err := d.client.ConfigureDevice(d.name, wgtypes.Config{Peers: g}); err != nil {
+			what := "configuring"
+			if g[0].Remove {
+				what = "removing"
+			}
+			errs = append(errs, fmt.Errorf("%s peer %s on %s: %w", what, g[0].PublicKey, d.name, err))
+			continue
+		}
+		d.applied(dl, g)
+	}
+	return errors.Join(errs...)
+}
+
+// applied records the endpoints written by the applied peer entries.
+func (d *Device) applied(dl *delta, peers []wgtypes.PeerConfig) {
+	for _, p := range peers {
+		if p.Remove {
+			delete(d.last, p.PublicKey)
+			continue
+		}
+		if ep, ok := dl.written[p.PublicKey]; ok && p.Endpoint != nil {
+			d.last[p.PublicKey] = ep
+		}
+	}
+}
+
+// Stats reads back every peer's state from the device.
+func (d *Device) Stats() ([]PeerStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("reading WireGuard device %s: device closed", d.name)
+	}
+	dev, err := d.client.Device(d.name)
+	if err != nil {
+		return nil, fmt.Errorf("reading WireGuard device %s: %w", d.name, err)
+	}
+	out := make([]PeerStats, 0, len(dev.Peers))
+	for _, p := range dev.Peers {
+		s := PeerStats{PublicKey: p.PublicKey, LastHandshake: p.LastHandshakeTime, ReceiveBytes: p.ReceiveBytes, TransmitBytes: p.TransmitBytes}
+		if s.LastHandshake.Unix() <= 0 {
+			s.LastHandshake = time.Time{}
+		}
+		if ap := udpToAddrPort(p.Endpoint); ap.IsValid() {
+			s.Endpoint = net.UDPAddrFromAddrPort(ap)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Close releases the Device. An in-process device stops (its interface
+// disappears with it); a kernel or external userspace interface stays.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	return d.release()
+}
+
+func (d *Device) release() error {
+	var errs []error
+	if d.inproc != nil {
+		d.inproc.close()
+	}
+	if d.closeClient != nil {
+		if err := d.closeClient(); err != nil {
+			errs = append(errs, fmt.Errorf("closing wgctrl: %w", err))
+		}
+	}
+	if d.handle != nil {
+		d.handle.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// Delete removes the interface and closes the Device: a kernel link is
+// deleted; an external userspace device is stopped by removing its UAPI
+// socket (wireguard-go and RunDevice exit when it goes) and deleting its
+// link; an in-process device is stopped.
+func (d *Device) Delete() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("deleting %s: device closed", d.name)
+	}
+	var errs []error
+	switch d.kind {
+	case KindKernel, KindUserspaceExternal:
+		if d.kind == KindUserspaceExternal {
+			if err := os.Remove(socketPath(d.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("removing UAPI socket of %s: %w", d.name, err))
+			}
+		}
+		if l, err := d.handle.LinkByName(d.name); err == nil {
+			d.writes.Add(1)
+			if err := d.handle.LinkDel(l); err != nil {
+				errs = append(errs, fmt.Errorf("deleting interface %s: %w", d.name, err))
+			}
+		}
+	}
+	d.closed = true
+	if err := d.release(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,27 @@
+// Package wg is meshd's WireGuard device executor. It opens the mesh
+// interface — adopting an existing kernel link or UAPI-served userspace
+// device, else creating a kernel WireGuard link, else running
+// golang.zx2c4.com/wireguard's device in-process on a TUN device with its UAPI
+// socket in /var/run/wireguard so that wg(8) and wgctrl see it as usual — and
+// applies a desired Config to it as a minimal per-peer delta through wgctrl,
+// plus the interface's addresses, MTU and up state through netlink.
+//
+// Nothing is written when nothing differs: Set reads the device back, compares
+// normalised copies of both sides and calls ConfigureDevice only with the
+// peers that changed (never ReplacePeers). Endpoints follow a roaming-friendly
+// rule: a desired endpoint is written only when it differs from what this
+// Device last wrote for that peer (or, after a restart, from the device's
+// current endpoint), and an absent desired endpoint never resets one.
+//
+// A peer that is created with an endpoint gets its first handshake started at
+// once, whatever its persistent keepalive: the delta briefly turns persistent
+// keepalive on for it in the same ConfigureDevice call (the kernel and
+// wireguard-go both send a keepalive — hence a handshake initiation — when it
+// goes from off to on while the interface is up) and sets the desired value
+// right after. So a restarted in-process device handshakes with all its peers
+// immediately instead of waiting for traffic.
+//
+// The in-process device keeps every socket it opens (UDP, route listener) in
+// the network namespace of the thread that called Open or RunDevice, even when
+// other namespaces exist in the same process (as in tests).
+package wg
