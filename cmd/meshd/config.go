@@ -1,0 +1,174 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/wg"
+)
+
+// config is every setting of the node daemon, filled from flags.
+type config struct {
+	Kubeconfig     string
+	Hostname       string
+	Interface      string
+	Port           int
+	Granularity    string
+	MeshCIDRs      []string
+	ServiceCIDRs   []string
+	TopologyLabel  string
+	StateDir       string
+	WireGuard      string
+	MTU            string
+	ResyncPeriod   time.Duration
+	Listen         string
+	LogLevel       string
+	LocalRoutes    bool
+	LeaseNamespace string
+	LeaseDuration  time.Duration
+	CleanupOnExit  bool
+	IPTablesMode   string
+}
+
+// defaultHostname is $NODE_NAME, then the host name.
+func defaultHostname() string {
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+// newFlagSet returns the daemon's flag set bound to c. It is the one place
+// flags are defined: docs and manifest tests parse with it too.
+func newFlagSet(c *config) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("meshd", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "path to a kubeconfig; empty uses the in-cluster config, then $KUBECONFIG")
+	fs.StringVar(&c.Hostname, "hostname", "", "name of this node's Node object (empty: $NODE_NAME, then the host name)")
+	fs.StringVar(&c.Interface, "interface", mesh.DefaultInterface, "name of the WireGuard interface")
+	fs.IntVar(&c.Port, "port", mesh.DefaultPort, "WireGuard UDP listen port")
+	fs.StringVar(&c.Granularity, "mesh-granularity", string(mesh.GranularityLocation), "mesh granularity: location (one WireGuard leader per location) or full (every node peers with every other)")
+	fs.StringSliceVar(&c.MeshCIDRs, "mesh-cidr", []string{"10.4.0.0/16"}, "CIDR mesh addresses are allocated from; repeat to add an IPv6 one")
+	fs.StringSliceVar(&c.ServiceCIDRs, "service-cidr", nil, "the cluster's service CIDR(s), never masqueraded; repeatable")
+	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "Node label that gives a node's location (the meshd.io/location annotation wins)")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/meshd", "directory for the WireGuard private key and state (mode 0700)")
+	fs.StringVar(&c.WireGuard, "wireguard", string(wg.ModeAuto), "WireGuard implementation: auto (adopt an existing interface, else kernel, else built-in userspace), kernel or userspace")
+	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface; auto = underlay MTU minus the WireGuard overhead (80)")
+	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "how often the full state is reconciled even without changes (repairs drift)")
+	fs.StringVar(&c.Listen, "listen", ":9477", "address for /metrics, /healthz and /readyz")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&c.LocalRoutes, "local-routes", true, "route pod CIDRs of nodes in the same location via their internal IPs (no other CNI routes needed)")
+	fs.StringVar(&c.LeaseNamespace, "lease-namespace", "meshd-system", "namespace of the per-node liveness Leases")
+	fs.DurationVar(&c.LeaseDuration, "lease-duration", 40*time.Second, "a node whose Lease this node has not seen change for this long is not live (leader failover)")
+	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", false, "remove the interface, routes, rules and iptables chains on exit (default: leave them so traffic keeps flowing across restarts)")
+	fs.StringVar(&c.IPTablesMode, "iptables-backend", "", "iptables binaries to use: empty (the system default), nft or legacy")
+	return fs
+}
+
+// options turns the validated flags into planner options.
+func (c *config) options() (mesh.Options, error) {
+	var errs []error
+	o := mesh.Options{
+		Port:         c.Port,
+		Interface:    c.Interface,
+		LocalRoutes:  c.LocalRoutes,
+		RouteTable:   mesh.DefaultRouteTable,
+		RulePriority: mesh.DefaultRulePriority,
+	}
+	switch mesh.Granularity(c.Granularity) {
+	case mesh.GranularityLocation, mesh.GranularityFull:
+		o.Granularity = mesh.Granularity(c.Granularity)
+	default:
+		errs = append(errs, fmt.Errorf("--mesh-granularity %q: want location or full", c.Granularity))
+	}
+	var v4, v6 int
+	for _, s := range c.MeshCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--mesh-cidr %q: %w", s, err))
+			continue
+		}
+		if p.Addr().Is4() {
+			v4++
+		} else {
+			v6++
+		}
+		o.MeshCIDRs = append(o.MeshCIDRs, p.Masked())
+	}
+	if v4 > 1 || v6 > 1 {
+		errs = append(errs, fmt.Errorf("--mesh-cidr: at most one IPv4 and one IPv6 CIDR, got %v", c.MeshCIDRs))
+	}
+	if v4+v6 == 0 {
+		errs = append(errs, errors.New("--mesh-cidr: at least one CIDR is required"))
+	}
+	for _, s := range c.ServiceCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--service-cidr %q: %w", s, err))
+			continue
+		}
+		o.ServiceCIDRs = append(o.ServiceCIDRs, p.Masked())
+	}
+	if c.Port < 1 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d: want 1-65535", c.Port))
+	}
+	if c.Interface == "" || len(c.Interface) > 15 {
+		errs = append(errs, fmt.Errorf("--interface %q: want 1-15 characters", c.Interface))
+	}
+	if c.Hostname == "" {
+		c.Hostname = defaultHostname()
+	}
+	if c.Hostname == "" {
+		errs = append(errs, errors.New("--hostname: empty and neither $NODE_NAME nor the host name is set"))
+	}
+	switch wg.Mode(c.WireGuard) {
+	case wg.ModeAuto, wg.ModeKernel, wg.ModeUserspace:
+	default:
+		errs = append(errs, fmt.Errorf("--wireguard %q: want auto, kernel or userspace", c.WireGuard))
+	}
+	if _, err := c.mtu(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ResyncPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--resync-period %s: must be positive", c.ResyncPeriod))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.IPTablesMode {
+	case "", "nft", "legacy":
+	default:
+		errs = append(errs, fmt.Errorf("--iptables-backend %q: want empty, nft or legacy", c.IPTablesMode))
+	}
+	return o, errors.Join(errs...)
+}
+
+// mtu returns the configured MTU, 0 meaning auto.
+func (c *config) mtu() (int, error) {
+	if c.MTU == "" || c.MTU == "auto" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(c.MTU)
+	if err != nil || n < 1280 || n > 65535 {
+		return 0, fmt.Errorf("--mtu %q: want auto or a number from 1280 to 65535", c.MTU)
+	}
+	return n, nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}

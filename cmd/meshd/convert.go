@@ -1,0 +1,72 @@
+package main
+
+import (
+	"net"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"meshd.io/meshd/pkg/iptables"
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/route"
+	"meshd.io/meshd/pkg/wg"
+)
+
+type runtimeObject = runtime.Object
+
+var metav1GetOptions = metav1.GetOptions{}
+
+// wireGuardConfig turns the plan into the device's desired configuration.
+func wireGuardConfig(p *mesh.Plan, key wgtypes.Key, mtu int) wg.Config {
+	c := wg.Config{
+		PrivateKey: key,
+		ListenPort: p.WireGuard.ListenPort,
+		Addresses:  p.WireGuard.Addresses,
+		MTU:        mtu,
+		Peers:      make([]wg.Peer, 0, len(p.WireGuard.Peers)),
+	}
+	for _, pp := range p.WireGuard.Peers {
+		wp := wg.Peer{
+			PublicKey:           pp.PublicKey,
+			PresharedKey:        pp.PresharedKey,
+			PersistentKeepalive: pp.PersistentKeepalive,
+			AllowedIPs:          pp.AllowedIPs,
+		}
+		if pp.Endpoint.Addr.IsValid() {
+			wp.Endpoint = net.UDPAddrFromAddrPort(pp.Endpoint.Addr)
+		}
+		c.Peers = append(c.Peers, wp)
+	}
+	return c
+}
+
+func routes(p *mesh.Plan) []route.Route {
+	out := make([]route.Route, len(p.Routes))
+	for i, r := range p.Routes {
+		out[i] = route.Route{Table: r.Table, Dst: r.Dst, Gateway: r.Gateway, Device: r.Device, Src: r.Src, Metric: r.Metric}
+	}
+	return out
+}
+
+func rules(p *mesh.Plan) []route.Rule {
+	out := make([]route.Rule, len(p.Rules))
+	for i, r := range p.Rules {
+		out[i] = route.Rule{Priority: r.Priority, Table: r.Table, IPv6: r.IPv6}
+	}
+	return out
+}
+
+func iptablesConfig(f mesh.IPTablesFamily) iptables.Config {
+	c := iptables.Config{
+		Chains: make([]iptables.Chain, len(f.Chains)),
+		Jumps:  make([]iptables.Jump, len(f.Jumps)),
+	}
+	for i, ch := range f.Chains {
+		c.Chains[i] = iptables.Chain{Table: ch.Table, Name: ch.Name, Rules: ch.Rules}
+	}
+	for i, j := range f.Jumps {
+		c.Jumps[i] = iptables.Jump{Table: j.Table, From: j.From, To: j.To, Insert: j.Insert}
+	}
+	return c
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/wg"
+)
+
+// metrics are the daemon's Prometheus metrics (docs/metrics.md lists them).
+type metrics struct {
+	reconciles *prometheus.CounterVec
+	errors     *prometheus.CounterVec
+	repairs    *prometheus.CounterVec
+	duration   prometheus.Histogram
+	nodes      prometheus.Gauge
+	peers      prometheus.Gauge
+	leader     prometheus.Gauge
+
+	mu    sync.Mutex
+	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
+}
+
+func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
+	m := &metrics{
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshd_reconciles_total", Help: "Reconciles by result (success, error).",
+		}, []string{"result"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshd_reconcile_errors_total", Help: "Reconcile errors by phase (snapshot, plan, wireguard, routes, iptables, publish).",
+		}, []string{"phase"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshd_repairs_total", Help: "Outside changes to meshd's kernel state that triggered a repair, by executor.",
+		}, []string{"executor"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "meshd_reconcile_duration_seconds", Help: "Duration of one reconcile (snapshot, plan, apply, publish).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_nodes", Help: "Nodes known to the mesh."}),
+		peers:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_peers", Help: "Peer objects in the mesh."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_leader", Help: "1 if this node leads its location (carries WireGuard traffic), else 0."}),
+		names:  map[wgtypes.Key]string{},
+	}
+	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
+		m.errors.WithLabelValues(ph)
+	}
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if dev != nil {
+		reg.MustRegister(&peerCollector{dev: dev, m: m})
+	}
+	return m
+}
+
+func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
+
+func (m *metrics) observe(d time.Duration, err error) {
+	m.duration.Observe(d.Seconds())
+	if err != nil {
+		m.reconciles.WithLabelValues("error").Inc()
+	} else {
+		m.reconciles.WithLabelValues("success").Inc()
+	}
+}
+
+func (m *metrics) setPlan(p *mesh.Plan, nodes, peers int) {
+	m.nodes.Set(float64(nodes))
+	m.peers.Set(float64(peers))
+	if p.Leader {
+		m.leader.Set(1)
+	} else {
+		m.leader.Set(0)
+	}
+	names := make(map[wgtypes.Key]string, len(p.WireGuard.Peers))
+	for _, pp := range p.WireGuard.Peers {
+		names[pp.PublicKey] = pp.Name
+	}
+	m.mu.Lock()
+	m.names = names
+	m.mu.Unlock()
+}
+
+type statsReader interface {
+	Stats() ([]wg.PeerStats, error)
+}
+
+// peerCollector reads WireGuard peer statistics at scrape time.
+type peerCollector struct {
+	dev statsReader
+	m   *metrics
+}
+
+var (
+	descHandshake = prometheus.NewDesc("meshd_wireguard_peer_last_handshake_seconds",
+		"Unix time of the latest handshake with the peer (0 = never).", []string{"peer", "public_key"}, nil)
+	descRx = prometheus.NewDesc("meshd_wireguard_peer_receive_bytes_total",
+		"Bytes received from the peer.", []string{"peer", "public_key"}, nil)
+	descTx = prometheus.NewDesc("meshd_wireguard_peer_transmit_bytes_total",
+		"Bytes sent to the peer.", []string{"peer", "public_key"}, nil)
+)
+
+func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descHandshake
+	ch <- descRx
+	ch <- descTx
+}
+
+func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
+	stats, err := c.dev.Stats()
+	if err != nil {
+		return
+	}
+	c.m.mu.Lock()
+	names := c.m.names
+	c.m.mu.Unlock()
+	for _, s := range stats {
+		name := names[s.PublicKey]
+		key := s.PublicKey.String()
+		hs := 0.0
+		if !s.LastHandshake.IsZero() {
+			hs = float64(s.LastHandshake.UnixNano()) / 1e9
+		}
+		ch <- prometheus.MustNewConstMetric(descHandshake, prometheus.GaugeValue, hs, name, key)
+		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(s.ReceiveBytes), name, key)
+		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(s.TransmitBytes), name, key)
+	}
+}
+
+func promhandler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/pkg/iptables"
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/route"
+	"meshd.io/meshd/pkg/wg"
+)
+
+// The executors, narrowed to what the reconciler needs.
+type (
+	wgDevice interface {
+		Set(wg.Config) error
+		Stats() ([]wg.PeerStats, error)
+	}
+	routeSetter interface {
+		Set([]route.Route, []route.Rule) error
+		Cleanup() error
+	}
+	iptablesSetter interface {
+		Set(iptables.Config) error
+		Cleanup() error
+	}
+	lister interface{ List() []any }
+)
+
+// discoveredFresh is how recent a handshake must be for its endpoint to be
+// published for NAT traversal.
+const discoveredFresh = 3 * time.Minute
+
+// reconciler runs one pass of snapshot → plan → apply → report.
+type reconciler struct {
+	log      *slog.Logger
+	opts     mesh.Options
+	node     string
+	port     int
+	topology string
+	key      wgtypes.Key
+	mtu      int
+	facts    localFacts
+
+	kube     kubernetes.Interface
+	events   record.EventRecorder
+	liveness *k8s.Liveness
+
+	nodeLister, peerLister lister
+
+	device     wgDevice
+	routes     routeSetter
+	ipt4, ipt6 iptablesSetter
+	metrics    *metrics
+
+	mu          sync.Mutex
+	lastAttempt time.Time
+	ready       atomic.Bool
+	// reported remembers the last annotation problems reported per object, so
+	// a bad annotation yields one Event, not one per resync.
+	reported map[string]string
+	resolver func(ctx context.Context, host string) ([]netip.Addr, error)
+}
+
+func (r *reconciler) sinceLastAttempt() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastAttempt.IsZero() {
+		return 0
+	}
+	return time.Since(r.lastAttempt)
+}
+
+// snapshot is the input of one reconcile, read from the caches.
+type snapshot struct {
+	nodes []*corev1.Node
+	peers []*v1alpha1.Peer
+}
+
+func (r *reconciler) snapshot() snapshot {
+	var s snapshot
+	for _, o := range r.nodeLister.List() {
+		if n, ok := o.(*corev1.Node); ok {
+			s.nodes = append(s.nodes, n)
+		}
+	}
+	for _, o := range r.peerLister.List() {
+		if p, ok := o.(*v1alpha1.Peer); ok {
+			s.peers = append(s.peers, p)
+		}
+	}
+	return s
+}
+
+// reconcile makes the node equal to the plan for the current caches.
+func (r *reconciler) reconcile(ctx context.Context) error {
+	return r.apply(ctx, r.snapshot())
+}
+
+func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
+	start := time.Now()
+	r.mu.Lock()
+	r.lastAttempt = start
+	r.mu.Unlock()
+	defer func() {
+		r.metrics.observe(time.Since(start), err)
+	}()
+
+	nodes, self, err := r.meshNodes(s.nodes)
+	if err != nil {
+		r.metrics.fail("snapshot")
+		return err
+	}
+	peers := r.meshPeers(ctx, s.peers)
+	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
+	if err != nil {
+		r.metrics.fail("plan")
+		return fmt.Errorf("planning: %w", err)
+	}
+	for _, w := range plan.Warnings {
+		r.log.Warn("plan", "warning", w)
+	}
+
+	// Apply: every part is attempted even if another fails.
+	var errs []error
+	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
+		r.metrics.fail("wireguard")
+		errs = append(errs, fmt.Errorf("configuring WireGuard: %w", err))
+	}
+	if err := r.routes.Set(routes(plan), rules(plan)); err != nil {
+		r.metrics.fail("routes")
+		errs = append(errs, fmt.Errorf("setting routes: %w", err))
+	}
+	if err := r.ipt4.Set(iptablesConfig(plan.IPTables.V4)); err != nil {
+		r.metrics.fail("iptables")
+		errs = append(errs, fmt.Errorf("setting IPv4 iptables: %w", err))
+	}
+	if r.ipt6 != nil {
+		if err := r.ipt6.Set(iptablesConfig(plan.IPTables.V6)); err != nil {
+			r.metrics.fail("iptables")
+			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
+		}
+	}
+	// Report: publish what other nodes need.
+	if err := r.publish(ctx, self, plan); err != nil {
+		r.metrics.fail("publish")
+		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
+	}
+	r.metrics.setPlan(plan, len(nodes), len(peers))
+	if len(errs) == 0 {
+		r.ready.Store(true)
+		r.log.Debug("reconciled", "duration", time.Since(start), "peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "leader", plan.Leader)
+	}
+	return errors.Join(errs...)
+}
+
+// meshNodes converts the Node objects; malformed annotations are reported
+// once (log line and Event) and ignored. It fills the local node's facts
+// that only this node knows.
+func (r *reconciler) meshNodes(objs []*corev1.Node) ([]mesh.Node, *corev1.Node, error) {
+	var self *corev1.Node
+	nodes := make([]mesh.Node, 0, len(objs))
+	po := k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port}
+	seen := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		n, problems := k8s.NodeFromObject(o, po)
+		r.report(o, "node/"+o.Name, problems)
+		seen["node/"+o.Name] = true
+		if o.Name == r.node {
+			self = o
+			n = r.selfNode(o)
+		}
+		nodes = append(nodes, n)
+	}
+	r.forgetReports("node/", seen)
+	if self == nil {
+		return nil, nil, fmt.Errorf("node %q not found in the API (set --hostname or $NODE_NAME to this node's Node name)", r.node)
+	}
+	return nodes, self, nil
+}
+
+// selfNode parses the local Node from what the user and the cluster say,
+// ignoring what meshd itself published earlier (so a removed force-*
+// annotation or a changed --port takes effect), and fills in what only this
+// node knows: its key, and its addresses when the Node object has none.
+func (r *reconciler) selfNode(o *corev1.Node) mesh.Node {
+	o = o.DeepCopy()
+	delete(o.Annotations, k8s.AnnotationEndpoint)
+	delete(o.Annotations, k8s.AnnotationInternalIP)
+	n, _ := k8s.NodeFromObject(o, k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port})
+	n.PublicKey = r.key.PublicKey()
+	if len(n.InternalIPs) == 0 {
+		n.InternalIPs = slices.Clone(r.facts.addrs)
+	}
+	if n.Endpoint.IsZero() && len(n.InternalIPs) > 0 {
+		n.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(preferV4(n.InternalIPs), uint16(r.port))}
+	}
+	return n
+}
+
+func preferV4(as []netip.Addr) netip.Addr {
+	for _, a := range as {
+		if a.Is4() {
+			return a
+		}
+	}
+	return as[0]
+}
+
+// meshPeers converts the Peer objects; a bad one is reported and skipped.
+func (r *reconciler) meshPeers(ctx context.Context, objs []*v1alpha1.Peer) []mesh.Peer {
+	peers := make([]mesh.Peer, 0, len(objs))
+	seen := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		p, err := k8s.PeerFromObject(o, r.secret(ctx))
+		var problems []error
+		if err != nil {
+			problems = append(problems, err)
+		}
+		if err == nil && p.Endpoint.Host != "" && !p.Endpoint.Addr.IsValid() {
+			if a, rerr := r.resolve(ctx, p.Endpoint.Host); rerr != nil {
+				problems = append(problems, fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr))
+			} else {
+				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
+			}
+		}
+		r.report(o, "peer/"+o.Name, problems)
+		seen["peer/"+o.Name] = true
+		if err == nil {
+			peers = append(peers, p)
+		}
+	}
+	r.forgetReports("peer/", seen)
+	return peers
+}
+
+func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]byte, error) {
+	return func(ns, name, key string) ([]byte, error) {
+		s, err := r.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1GetOptions)
+		if err != nil {
+			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
+		}
+		v, ok := s.Data[key]
+		if !ok {
+			return nil, fmt.Errorf("Secret %s/%s has no key %q", ns, name, key)
+		}
+		return v, nil
+	}
+}
+
+func (r *reconciler) resolve(ctx context.Context, host string) (netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	lookup := r.resolver
+	if lookup == nil {
+		lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	as, err := lookup(ctx, host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if len(as) == 0 {
+		return netip.Addr{}, fmt.Errorf("no addresses")
+	}
+	return preferV4(as).Unmap(), nil
+}
+
+// report logs and records an Event for an object's problems when they
+// differ from the last report.
+func (r *reconciler) report(obj runtimeObject, id string, problems []error) {
+	if r.reported == nil {
+		r.reported = map[string]string{}
+	}
+	msg := errors.Join(problems...)
+	text := ""
+	if msg != nil {
+		text = msg.Error()
+	}
+	if r.reported[id] == text {
+		return
+	}
+	r.reported[id] = text
+	if text == "" {
+		return
+	}
+	r.log.Warn("ignoring malformed input", "object", id, "error", text)
+	if r.events != nil {
+		r.events.Event(obj, corev1.EventTypeWarning, "MalformedInput", strings.ReplaceAll(text, "\n", "; "))
+	}
+}
+
+func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {
+	for id := range r.reported {
+		if strings.HasPrefix(id, prefix) && !seen[id] {
+			delete(r.reported, id)
+		}
+	}
+}
+
+// publish writes this node's public facts to its Node object (only what
+// changed; nothing when equal). The private key is never published.
+func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan) error {
+	me := r.selfNode(self)
+	pub := k8s.Published{
+		PublicKey:    r.key.PublicKey(),
+		InternalIPs:  me.InternalIPs,
+		WireGuardIPs: plan.MeshIPs[r.node],
+	}
+	if self.Annotations[k8s.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
+		pub.Endpoint = me.Endpoint.Addr
+	}
+	if stats, err := r.device.Stats(); err == nil {
+		pub.DiscoveredEndpoints = discovered(stats, time.Now())
+	}
+	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
+	return err
+}
+
+// discovered returns the endpoints of peers with a recent handshake.
+func discovered(stats []wg.PeerStats, now time.Time) map[wgtypes.Key]netip.AddrPort {
+	var out map[wgtypes.Key]netip.AddrPort
+	for _, s := range stats {
+		if s.Endpoint == nil || s.LastHandshake.IsZero() || now.Sub(s.LastHandshake) > discoveredFresh {
+			continue
+		}
+		ap := s.Endpoint.AddrPort()
+		if !ap.IsValid() {
+			continue
+		}
+		if out == nil {
+			out = map[wgtypes.Key]netip.AddrPort{}
+		}
+		out[s.PublicKey] = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return out
+}
+
+// cleanup removes routes, rules and chains (the device is the caller's).
+func (r *reconciler) cleanup() error {
+	errs := []error{r.routes.Cleanup(), r.ipt4.Cleanup()}
+	if r.ipt6 != nil {
+		errs = append(errs, r.ipt6.Cleanup())
+	}
+	return errors.Join(errs...)
+}

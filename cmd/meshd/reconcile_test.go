@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
+	"time"
+
+	"meshd.io/meshd/pkg/iptables"
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/route"
+	"meshd.io/meshd/pkg/wg"
+)
+
+// sliceLister serves a fixed list, like an informer's store.
+type sliceLister []any
+
+func (s sliceLister) List() []any { return s }
+
+type fakes struct {
+	wgc    *wg.FakeClient
+	dev    *wg.Device
+	kern   *route.FakeKernel
+	routes *route.Manager
+	ipt    *iptables.FakeRunner
+	ipt4   *iptables.Controller
+	kube   *fake.Clientset
+	rec    *reconciler
+}
+
+func newKey(t *testing.T) wgtypes.Key {
+	t.Helper()
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func testNode(name, region, ip, pod string, key wgtypes.Key) *corev1.Node {
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"topology.kubernetes.io/region": region}, Annotations: map[string]string{}},
+		Spec:       corev1.NodeSpec{PodCIDR: pod, PodCIDRs: []string{pod}},
+		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}},
+	}
+	if key != (wgtypes.Key{}) {
+		n.Annotations[k8s.AnnotationPublicKey] = key.PublicKey().String()
+	}
+	return n
+}
+
+func newFakes(t *testing.T, self string, nodes ...*corev1.Node) *fakes {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f := &fakes{wgc: wg.NewFakeClient(), kern: route.NewFakeKernel(), ipt: iptables.NewFakeRunner(iptables.IPv4)}
+	f.wgc.AddDevice("meshd0")
+	links := wg.NewFakeLinks()
+	links.AddLink("meshd0", 7, 1420)
+	f.dev = wg.NewWithClient("meshd0", f.wgc, links, 1420, log)
+	f.kern.AddLink("meshd0")
+	f.kern.AddLink("eth0", netip.MustParsePrefix("198.51.100.0/24"))
+	f.routes = route.NewWithKernel(route.Options{Logger: log}, f.kern)
+	f.ipt4 = iptables.NewWithRunner(iptables.Options{Family: iptables.IPv4, Logger: log}, f.ipt)
+	objs := make([]any, len(nodes))
+	kobjs := make([]runtimeObject, len(nodes))
+	for i, n := range nodes {
+		objs[i], kobjs[i] = n, n
+	}
+	f.kube = fake.NewClientset(kobjs...)
+	opts := mesh.Options{
+		Granularity: mesh.GranularityLocation, MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")},
+		Port: 51820, Interface: "meshd0", LocalRoutes: true, RouteTable: mesh.DefaultRouteTable, RulePriority: mesh.DefaultRulePriority,
+	}
+	f.rec = &reconciler{
+		log: log, opts: opts, node: self, port: 51820, topology: "topology.kubernetes.io/region",
+		key: newKey(t), mtu: 1420, kube: f.kube, events: record.NewFakeRecorder(100),
+		liveness: k8s.NewLiveness(time.Minute, time.Now),
+		device:   f.dev, routes: f.routes, ipt4: f.ipt4,
+		metrics:    newMetrics(prometheus.NewRegistry(), nil),
+		nodeLister: sliceLister(objs), peerLister: sliceLister(nil),
+	}
+	return f
+}
+
+// refresh re-reads the Nodes from the fake API, as the informer would after
+// meshd published its annotations.
+func (f *fakes) refresh(t *testing.T) {
+	t.Helper()
+	list, err := f.kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := make([]any, len(list.Items))
+	for i := range list.Items {
+		objs[i] = &list.Items[i]
+	}
+	f.rec.nodeLister = sliceLister(objs)
+}
+
+type counters struct{ wg, routes uint64; ipt int; patches int }
+
+func (f *fakes) counters() counters {
+	patches := 0
+	for _, a := range f.kube.Actions() {
+		if a.GetVerb() == "patch" || a.GetVerb() == "update" {
+			patches++
+		}
+	}
+	return counters{wg: f.dev.Writes(), routes: f.routes.Writes(), ipt: f.ipt.Restores(), patches: patches}
+}
+
+// TestUnchangedInputNoWrites proves that a reconcile of unchanged input
+// makes no WireGuard call, no netlink write, no iptables restore and no API
+// write (kilo#34, #82).
+func TestUnchangedInputNoWrites(t *testing.T) {
+	ctx := context.Background()
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("a2", "a", "198.51.100.12", "10.42.2.0/24", newKey(t)),
+		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)),
+	)
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatalf("first reconcile: %v", err)
+	}
+	first := f.counters()
+	if first.wg == 0 || first.routes == 0 || first.ipt == 0 || first.patches == 0 {
+		t.Fatalf("first reconcile wrote nothing somewhere: %+v", first)
+	}
+	dev, err := f.wgc.Device("meshd0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dev.Peers) != 1 {
+		t.Fatalf("leader of a should have 1 peer (location b), has %d", len(dev.Peers))
+	}
+	// The published annotations come back through the informer.
+	f.refresh(t)
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatalf("second reconcile: %v", err)
+	}
+	settled := f.counters()
+	for i := 0; i < 5; i++ {
+		f.refresh(t)
+		if err := f.rec.reconcile(ctx); err != nil {
+			t.Fatalf("reconcile %d: %v", i, err)
+		}
+	}
+	if got := f.counters(); got != settled {
+		t.Fatalf("unchanged input caused writes: after settling %+v, after 5 more reconciles %+v", settled, got)
+	}
+	me, err := f.kube.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if me.Annotations[k8s.AnnotationPublicKey] != f.rec.key.PublicKey().String() {
+		t.Fatalf("public key not published: %v", me.Annotations)
+	}
+	if me.Annotations[k8s.AnnotationWireGuardIP] == "" {
+		t.Fatalf("mesh address not published: %v", me.Annotations)
+	}
+	for k, v := range me.Annotations {
+		if v == f.rec.key.String() {
+			t.Fatalf("private key published in %s", k)
+		}
+	}
+
+	// One changed remote node: only that peer is written.
+	f.refresh(t)
+	objs := f.rec.nodeLister.(sliceLister)
+	for _, o := range objs {
+		if n := o.(*corev1.Node); n.Name == "b1" {
+			n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "10.43.3.0/24")
+		}
+	}
+	before := f.counters()
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatalf("reconcile after change: %v", err)
+	}
+	after := f.counters()
+	if after.wg != before.wg+1 {
+		t.Errorf("one changed peer: WireGuard writes went %d → %d, want exactly one more", before.wg, after.wg)
+	}
+	if after.routes == before.routes {
+		t.Errorf("new pod CIDR: no route written")
+	}
+}
+
+// TestMalformedAnnotationReportedOnce checks a bad annotation yields one
+// Event and the rest of the mesh is still planned.
+func TestMalformedAnnotationReportedOnce(t *testing.T) {
+	bad := testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t))
+	bad.Annotations[k8s.AnnotationPersistentKeepalive] = "abc"
+	f := newFakes(t, "a1", testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}), bad)
+	for i := 0; i < 3; i++ {
+		if err := f.rec.reconcile(context.Background()); err != nil {
+			t.Fatalf("reconcile: %v", err)
+		}
+	}
+	events := f.rec.events.(*record.FakeRecorder).Events
+	if n := len(events); n != 1 {
+		t.Fatalf("want exactly one Event for the malformed annotation, got %d", n)
+	}
+	if e := <-events; !contains(e, "persistent-keepalive") {
+		t.Fatalf("event does not name the annotation: %q", e)
+	}
+	dev, _ := f.wgc.Device("meshd0")
+	if len(dev.Peers) != 1 {
+		t.Fatalf("the node with the bad annotation must still be a peer, peers=%d", len(dev.Peers))
+	}
+}
+
+func TestMissingSelfIsAnError(t *testing.T) {
+	f := newFakes(t, "nope", testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t)))
+	err := f.rec.reconcile(context.Background())
+	if err == nil || !contains(err.Error(), `"nope" not found`) {
+		t.Fatalf("want a clear not-found error, got %v", err)
+	}
+}
+
+func contains(s, sub string) bool { return len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0) }
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
