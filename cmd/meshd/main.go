@@ -99,15 +99,10 @@ func newLogger(w io.Writer, level string) *slog.Logger {
 
 // runDevice runs only the userspace WireGuard device: no key, no API access.
 func runDevice(args []string, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("meshd device", pflag.ContinueOnError)
+	var dc deviceConfig
+	fs := newDeviceFlagSet(&dc)
 	fs.SetOutput(stderr)
-	name := fs.String("interface", mesh.DefaultInterface, "name of the WireGuard interface to create")
-	mtu := fs.Int("mtu", 1420, "MTU of the interface (meshd adjusts it later)")
-	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: meshd device --interface NAME\n\nRuns a userspace WireGuard device with its UAPI socket in /var/run/wireguard until SIGTERM.\nmeshd --wireguard auto adopts it, so meshd restarts do not touch traffic.\n\n")
-		fs.PrintDefaults()
-	}
+	name, mtu, level := &dc.Interface, &dc.MTU, &dc.LogLevel
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -130,6 +125,26 @@ func runDevice(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// deviceConfig are the settings of `meshd device`.
+type deviceConfig struct {
+	Interface string
+	MTU       int
+	LogLevel  string
+}
+
+func newDeviceFlagSet(c *deviceConfig) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("meshd device", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&c.Interface, "interface", mesh.DefaultInterface, "name of the WireGuard interface to create")
+	fs.IntVar(&c.MTU, "mtu", 1420, "MTU of the interface (meshd adjusts it later)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: meshd device --interface NAME\n\nRuns a userspace WireGuard device with its UAPI socket in /var/run/wireguard until SIGTERM.\nmeshd --wireguard auto adopts it, so meshd restarts do not touch traffic.\n\n")
+		fs.PrintDefaults()
+	}
+	return fs
 }
 
 // runCleanup removes everything meshd owns on this node.
