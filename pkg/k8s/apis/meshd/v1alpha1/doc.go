@@ -1,0 +1,9 @@
+// Package v1alpha1 holds the meshd.io/v1alpha1 API: the cluster-scoped Peer
+// resource describing a WireGuard peer outside the cluster. All validation
+// lives in the CRD schema (OpenAPI and CEL rules generated from the
+// kubebuilder markers below), so the API server refuses bad objects.
+//
+// +k8s:deepcopy-gen=package
+// +kubebuilder:object:generate=true
+// +groupName=meshd.io
+package v1alpha1

@@ -1,0 +1,11 @@
+// Package k8s is meshd's Kubernetes layer: it converts Node and Peer objects
+// into the planner's mesh.Node and mesh.Peer (tolerating and reporting
+// malformed annotations), publishes the annotations meshd owns on its Node,
+// keeps the per-node heartbeat Lease and judges other nodes' liveness from
+// when this process observed their leases change (never from remote clocks),
+// and builds the clients, informers and event recorder the daemon uses.
+//
+// The Peer API types live in pkg/k8s/apis/meshd/v1alpha1 and the generated
+// clientset, listers and informers in pkg/k8s/client; run
+// hack/update-codegen.sh after changing the types.
+package k8s

@@ -1,0 +1,155 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Heartbeat Lease naming and labels.
+const (
+	// DefaultNamespace is where the heartbeat Leases live by default.
+	DefaultNamespace = "meshd-system"
+	// LeasePrefix prefixes a node's Lease name: meshd-<node>.
+	LeasePrefix = "meshd-"
+	// LabelNode labels a heartbeat Lease with its node's name.
+	LabelNode = AnnotationPrefix + "node"
+	// LabelManagedBy/ManagedBy mark the objects meshd creates.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "meshd"
+	// DefaultHeartbeatInterval is used when RunHeartbeat gets interval <= 0.
+	DefaultHeartbeatInterval = 10 * time.Second
+)
+
+// LeaseName is the name of node's heartbeat Lease.
+func LeaseName(node string) string { return LeasePrefix + node }
+
+// NodeNameFromLease returns the node a heartbeat Lease belongs to, from its
+// name; ok is false for a Lease that is not a meshd heartbeat.
+func NodeNameFromLease(l *coordinationv1.Lease) (node string, ok bool) {
+	if l == nil || !strings.HasPrefix(l.Name, LeasePrefix) || len(l.Name) == len(LeasePrefix) {
+		return "", false
+	}
+	return strings.TrimPrefix(l.Name, LeasePrefix), true
+}
+
+// RunHeartbeat keeps node's Lease meshd-<node> in namespace (default
+// meshd-system) renewed every interval until ctx ends, then returns nil. The
+// Lease is created when missing; holderIdentity is the node and
+// leaseDurationSeconds four intervals. Failures are logged and retried at
+// the next interval; a missing namespace is reported as such (creating it is
+// the manifests' job). Other nodes judge liveness from when they observe the
+// Lease change (see Liveness), so the renew times need not agree with their
+// clocks.
+func RunHeartbeat(ctx context.Context, c kubernetes.Interface, namespace, nodeName string, interval time.Duration, log *slog.Logger) error {
+	if nodeName == "" {
+		return errors.New("running the heartbeat: empty node name")
+	}
+	if namespace == "" {
+		namespace = DefaultNamespace
+	}
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("lease", namespace+"/"+LeaseName(nodeName))
+	h := &heartbeat{c: c, namespace: namespace, node: nodeName, interval: interval}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		if err := h.renew(ctx, time.Now()); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			failing = true
+			if apierrors.IsNotFound(err) && h.lease == nil {
+				log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
+					"namespace", namespace, "retry", interval, "error", err)
+			} else {
+				log.Error("renewing the heartbeat Lease failed; retrying", "retry", interval, "error", err)
+			}
+		} else if failing {
+			failing = false
+			log.Info("heartbeat Lease renewed again")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+type heartbeat struct {
+	c         kubernetes.Interface
+	namespace string
+	node      string
+	interval  time.Duration
+	lease     *coordinationv1.Lease // last written, nil when unknown
+}
+
+func (h *heartbeat) durationSeconds() int32 {
+	s := math.Ceil((4 * h.interval).Seconds())
+	return int32(min(max(s, 1), math.MaxInt32))
+}
+
+// renew writes a fresh renewTime, creating the Lease if needed.
+func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
+	leases := h.c.CoordinationV1().Leases(h.namespace)
+	name := LeaseName(h.node)
+	if h.lease == nil {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			created, err := leases.Create(ctx, h.build(&coordinationv1.Lease{}, now), metav1.CreateOptions{FieldManager: FieldManager})
+			if err != nil {
+				return fmt.Errorf("creating Lease %s/%s: %w", h.namespace, name, err)
+			}
+			h.lease = created
+			return nil
+		case err != nil:
+			return fmt.Errorf("reading Lease %s/%s: %w", h.namespace, name, err)
+		}
+		h.lease = l
+	}
+	updated, err := leases.Update(ctx, h.build(h.lease.DeepCopy(), now), metav1.UpdateOptions{FieldManager: FieldManager})
+	if err != nil {
+		h.lease = nil // re-read next time (conflict, deleted, ...)
+		return fmt.Errorf("renewing Lease %s/%s: %w", h.namespace, name, err)
+	}
+	h.lease = updated
+	return nil
+}
+
+// build fills l with this node's heartbeat.
+func (h *heartbeat) build(l *coordinationv1.Lease, now time.Time) *coordinationv1.Lease {
+	l.Name = LeaseName(h.node)
+	l.Namespace = h.namespace
+	if l.Labels == nil {
+		l.Labels = map[string]string{}
+	}
+	l.Labels[LabelNode] = h.node
+	l.Labels[LabelManagedBy] = ManagedBy
+	holder := h.node
+	dur := h.durationSeconds()
+	mt := metav1.NewMicroTime(now)
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != holder {
+		l.Spec.AcquireTime = &mt
+	}
+	l.Spec.HolderIdentity = &holder
+	l.Spec.LeaseDurationSeconds = &dur
+	l.Spec.RenewTime = &mt
+	return l
+}

@@ -1,0 +1,124 @@
+package k8s
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func TestHeartbeatRenew(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	h := &heartbeat{c: c, namespace: "ns", node: "n1", interval: 10 * time.Second}
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	if err := h.renew(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.CoordinationV1().Leases("ns").Get(ctx, "meshd-n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *l.Spec.HolderIdentity != "n1" || *l.Spec.LeaseDurationSeconds != 40 || !l.Spec.RenewTime.Time.Equal(t0) || l.Labels[LabelNode] != "n1" {
+		t.Fatalf("created lease: %+v", l)
+	}
+	acquired := l.Spec.AcquireTime.Time
+
+	if err := h.renew(ctx, t0.Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	l, _ = c.CoordinationV1().Leases("ns").Get(ctx, "meshd-n1", metav1.GetOptions{})
+	if !l.Spec.RenewTime.Time.Equal(t0.Add(10*time.Second)) || !l.Spec.AcquireTime.Time.Equal(acquired) {
+		t.Fatalf("renewed lease: %+v", l.Spec)
+	}
+
+	// Someone deleted the lease: the cached copy fails once, then the
+	// lease is recreated.
+	if err := c.CoordinationV1().Leases("ns").Delete(ctx, "meshd-n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.renew(ctx, t0.Add(20*time.Second)); err == nil {
+		t.Fatal("renewing a deleted lease succeeded")
+	}
+	if err := h.renew(ctx, t0.Add(30*time.Second)); err != nil {
+		t.Fatalf("recreating: %v", err)
+	}
+	if _, err := c.CoordinationV1().Leases("ns").Get(ctx, "meshd-n1", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer is a concurrency-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestRunHeartbeat(t *testing.T) {
+	c := fake.NewClientset()
+	// The namespace is missing for the first two attempts.
+	var mu sync.Mutex
+	creates := 0
+	c.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		creates++
+		if creates <= 2 {
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, "meshd-system")
+		}
+		return false, nil, nil
+	})
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- RunHeartbeat(ctx, c, "", "n1", 5*time.Millisecond, log) }()
+
+	var renews []time.Time
+	deadline := time.Now().Add(10 * time.Second)
+	for len(renews) < 3 && time.Now().Before(deadline) {
+		l, err := c.CoordinationV1().Leases(DefaultNamespace).Get(context.Background(), "meshd-n1", metav1.GetOptions{})
+		if err == nil {
+			if rt := l.Spec.RenewTime.Time; len(renews) == 0 || !rt.Equal(renews[len(renews)-1]) {
+				renews = append(renews, rt)
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("RunHeartbeat returned %v on cancel", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunHeartbeat did not stop")
+	}
+	if len(renews) < 3 {
+		t.Fatalf("saw %d distinct renewals, want 3", len(renews))
+	}
+	if !strings.Contains(logs.String(), "namespace is missing") {
+		t.Errorf("missing namespace not logged clearly; logs:\n%s", logs.String())
+	}
+	if err := RunHeartbeat(context.Background(), c, "", "", time.Second, nil); err == nil {
+		t.Error("empty node name accepted")
+	}
+}

@@ -1,0 +1,126 @@
+package k8s
+
+import (
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func lease(node, rv string, renew time.Time) *coordinationv1.Lease {
+	mt := metav1.NewMicroTime(renew)
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseName(node), Namespace: DefaultNamespace, ResourceVersion: rv},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &node, RenewTime: &mt},
+	}
+}
+
+func TestLiveness(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := NewLiveness(40*time.Second, clock.Now)
+
+	if got := l.Live(); len(got) != 0 {
+		t.Fatalf("empty Live() = %v", got)
+	}
+	if _, ok := l.NextExpiry(); ok {
+		t.Fatal("NextExpiry with no nodes")
+	}
+
+	// Remote clocks are wildly skewed: one a year behind, one a day ahead.
+	// That must not matter; only local observation times count.
+	behind := clock.Now().Add(-365 * 24 * time.Hour)
+	ahead := clock.Now().Add(24 * time.Hour)
+	if !l.Observe(lease("a", "1", behind)) || !l.Observe(lease("b", "1", ahead)) {
+		t.Fatal("first observations must count as changes")
+	}
+	if l.Observe(lease("a", "1", behind)) {
+		t.Error("an unchanged lease (informer resync) counted as a change")
+	}
+	if l.Observe(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-scheduler"}}) || l.Observe(nil) {
+		t.Error("a foreign or nil lease counted")
+	}
+	want := map[string]bool{"a": true, "b": true}
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Live() = %v, want %v", got, want)
+	}
+	if exp, ok := l.NextExpiry(); !ok || !exp.Equal(clock.Now().Add(40*time.Second)) {
+		t.Fatalf("NextExpiry = %v %v", exp, ok)
+	}
+
+	// 30s later "a" renews (its remote renewTime moves, still a year off);
+	// "b" stays silent.
+	clock.Step(30 * time.Second)
+	if !l.Observe(lease("a", "2", behind.Add(30*time.Second))) {
+		t.Fatal("a renewal was not a change")
+	}
+	if exp, _ := l.NextExpiry(); !exp.Equal(clock.Now().Add(10 * time.Second)) {
+		t.Errorf("NextExpiry = %v, want b's expiry 10s from now", exp)
+	}
+	if l.Expired() {
+		t.Error("Expired before anyone expired")
+	}
+
+	// At 40s since b's last change, b is dead; a is live.
+	clock.Step(10 * time.Second)
+	if !l.Expired() {
+		t.Error("Expired did not report b's expiry")
+	}
+	want = map[string]bool{"a": true, "b": false}
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Live() = %v, want %v", got, want)
+	}
+	if l.Expired() {
+		t.Error("Expired still true after Live() took the new state")
+	}
+	if exp, _ := l.NextExpiry(); !exp.Equal(clock.Now().Add(30 * time.Second)) {
+		t.Errorf("NextExpiry = %v, want a's expiry 30s from now", exp)
+	}
+
+	// A change of resourceVersion alone (same renewTime) is a change, and b
+	// comes back to life.
+	if !l.Observe(lease("b", "7", ahead)) {
+		t.Error("a new resourceVersion was not a change")
+	}
+	// A renewTime change with the same resourceVersion is a change too.
+	if !l.Observe(lease("a", "2", behind.Add(31*time.Second))) {
+		t.Error("a new renewTime was not a change")
+	}
+	want = map[string]bool{"a": true, "b": true}
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Live() = %v, want %v", got, want)
+	}
+
+	// Everyone silent for the timeout: nobody live, no next expiry.
+	clock.Step(40 * time.Second)
+	want = map[string]bool{"a": false, "b": false}
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Live() = %v, want %v", got, want)
+	}
+	if _, ok := l.NextExpiry(); ok {
+		t.Error("NextExpiry with nobody live")
+	}
+
+	l.Forget("a")
+	if got := l.Live(); !reflect.DeepEqual(got, map[string]bool{"b": false}) {
+		t.Errorf("after Forget: %v", got)
+	}
+	// Seen again after Forget: first sight counts.
+	if !l.Observe(lease("a", "2", behind)) {
+		t.Error("a re-added lease was not a change")
+	}
+}

@@ -1,0 +1,111 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// MeshInputOptions configure NewMeshInput.
+type MeshInputOptions struct {
+	// Parse configures NodeFromObject (topology label, default port).
+	Parse ParseOptions
+	// Secret reads a Peer's preshared key; nil makes a Peer that references
+	// one unusable (reported as a problem).
+	Secret SecretLookup
+	// Resolve resolves a Peer endpoint's DNS name; nil uses the default
+	// resolver. Each lookup gets ResolveTimeout (default 2s).
+	Resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
+	ResolveTimeout time.Duration
+}
+
+// MeshInput is the planner input converted from the cluster's objects, as
+// every meshd node computes it (the daemon additionally replaces its own node
+// by what it knows locally).
+type MeshInput struct {
+	Nodes []mesh.Node
+	Peers []mesh.Peer
+	// Problems maps "node/NAME" and "peer/NAME" to what was wrong with the
+	// object: ignored annotations, an unresolvable endpoint, or why a Peer
+	// is unusable (then it is not in Peers).
+	Problems map[string][]error
+}
+
+// NewMeshInput converts Node and Peer objects the way meshd does: every node
+// through NodeFromObject (malformed annotations ignored and reported), every
+// Peer through PeerFromObject (an invalid Peer is skipped and reported) with
+// a DNS endpoint resolved (IPv4 preferred; a failure is reported but the
+// Peer kept with its host name).
+func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.Peer, o MeshInputOptions) MeshInput {
+	in := MeshInput{
+		Nodes:    make([]mesh.Node, 0, len(nodes)),
+		Peers:    make([]mesh.Peer, 0, len(peers)),
+		Problems: map[string][]error{},
+	}
+	for _, obj := range nodes {
+		if obj == nil {
+			continue
+		}
+		n, problems := NodeFromObject(obj, o.Parse)
+		if len(problems) > 0 {
+			in.Problems["node/"+obj.Name] = problems
+		}
+		in.Nodes = append(in.Nodes, n)
+	}
+	for _, obj := range peers {
+		if obj == nil {
+			continue
+		}
+		p, err := PeerFromObject(obj, o.Secret)
+		if err != nil {
+			in.Problems["peer/"+obj.Name] = []error{err}
+			continue
+		}
+		if p.Endpoint.Host != "" && !p.Endpoint.Addr.IsValid() {
+			a, rerr := o.resolve(ctx, p.Endpoint.Host)
+			if rerr != nil {
+				in.Problems["peer/"+obj.Name] = []error{fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr)}
+			} else {
+				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
+			}
+		}
+		in.Peers = append(in.Peers, p)
+	}
+	return in
+}
+
+func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr, error) {
+	timeout := o.ResolveTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	lookup := o.Resolve
+	if lookup == nil {
+		lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	as, err := lookup(ctx, host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if len(as) == 0 {
+		return netip.Addr{}, errors.New("no addresses")
+	}
+	for _, a := range as {
+		if a.Unmap().Is4() {
+			return a.Unmap(), nil
+		}
+	}
+	return as[0].Unmap(), nil
+}

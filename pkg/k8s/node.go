@@ -1,0 +1,418 @@
+package k8s
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// ParseOptions configure NodeFromObject.
+type ParseOptions struct {
+	// TopologyLabel is the node label giving the location when the
+	// meshd.io/location annotation is absent (default
+	// DefaultTopologyLabel).
+	TopologyLabel string
+	// Port is the WireGuard port used when an endpoint carries none
+	// (default mesh.DefaultPort).
+	Port int
+}
+
+func (o ParseOptions) port() uint16 {
+	if o.Port <= 0 || o.Port > 65535 {
+		return mesh.DefaultPort
+	}
+	return uint16(o.Port)
+}
+
+// NodeFromObject converts a Node into the planner's view of it. It never
+// panics: a nil node gives an empty mesh.Node and an error, and every
+// malformed annotation gives an *AnnotationError naming it and its value
+// while that annotation alone is ignored (the rest of the node is used).
+//
+// Precedence:
+//   - Location: meshd.io/location, else the TopologyLabel label.
+//   - InternalIPs (one per family, IPv4 first): meshd.io/force-internal-ip,
+//     else status addresses of type InternalIP, else the published
+//     meshd.io/internal-ip.
+//   - Endpoint: meshd.io/force-endpoint (PublicEndpoint), else the first
+//     ExternalIP (PublicEndpoint) with the published endpoint's port or
+//     o.Port, else the published meshd.io/endpoint, else the first internal
+//     IP (IPv4 preferred) with o.Port.
+//
+// A DNS name endpoint is returned as Endpoint{Host: name, Addr:
+// netip.AddrPortFrom(netip.Addr{}, port)}: Addr is not valid, but Addr.Port()
+// carries the port for whoever resolves Host.
+func NodeFromObject(n *corev1.Node, o ParseOptions) (mesh.Node, []error) {
+	if n == nil {
+		return mesh.Node{}, []error{errors.New("converting node: nil Node")}
+	}
+	var errs []error
+	bad := func(annotation, value string, err error) {
+		errs = append(errs, &AnnotationError{Annotation: annotation, Value: value, Err: err})
+	}
+	ann := n.Annotations // nil maps read as empty
+	get := func(k string) (string, bool) {
+		v, ok := ann[k]
+		return strings.TrimSpace(v), ok && strings.TrimSpace(v) != ""
+	}
+
+	out := mesh.Node{Name: n.Name}
+
+	// Location.
+	if v, ok := get(AnnotationLocation); ok {
+		out.Location = v
+	} else {
+		label := o.TopologyLabel
+		if label == "" {
+			label = DefaultTopologyLabel
+		}
+		out.Location = strings.TrimSpace(n.Labels[label])
+	}
+
+	// Leader preference.
+	if v, ok := get(AnnotationLeader); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			bad(AnnotationLeader, v, errors.New(`want "true" or "false"`))
+		} else {
+			out.PreferLeader = b
+		}
+	}
+
+	// Public key.
+	if v, ok := get(AnnotationPublicKey); ok {
+		k, err := wgtypes.ParseKey(v)
+		if err != nil {
+			bad(AnnotationPublicKey, v, errors.New("want a base64-encoded 32-byte WireGuard key"))
+		} else {
+			out.PublicKey = k
+		}
+	}
+
+	// Internal IPs.
+	if v, ok := get(AnnotationForceInternalIP); ok {
+		ips, err := parseAddrList(v, true)
+		if err != nil {
+			bad(AnnotationForceInternalIP, v, err)
+		} else {
+			out.InternalIPs = ips
+		}
+	}
+	if len(out.InternalIPs) == 0 {
+		out.InternalIPs = statusAddrs(n, corev1.NodeInternalIP)
+	}
+	if len(out.InternalIPs) == 0 {
+		if v, ok := get(AnnotationInternalIP); ok {
+			ips, err := parseAddrList(v, false)
+			if err != nil {
+				bad(AnnotationInternalIP, v, err)
+			} else {
+				out.InternalIPs = ips
+			}
+		}
+	}
+
+	// Published endpoint (used below for its port and as a fallback).
+	var published netip.AddrPort
+	if v, ok := get(AnnotationEndpoint); ok {
+		ap, err := parseAddrPort(v)
+		if err != nil {
+			bad(AnnotationEndpoint, v, err)
+		} else {
+			published = ap
+		}
+	}
+
+	// Endpoint.
+	forced := false
+	if v, ok := get(AnnotationForceEndpoint); ok {
+		ep, err := ParseEndpoint(v, int(o.port()))
+		if err != nil {
+			bad(AnnotationForceEndpoint, v, err)
+		} else {
+			out.Endpoint, out.PublicEndpoint, forced = ep, true, true
+		}
+	}
+	if !forced {
+		port := o.port()
+		if published.IsValid() {
+			port = published.Port()
+		}
+		switch ext := statusAddrs(n, corev1.NodeExternalIP); {
+		case len(ext) > 0:
+			out.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(firstExternal(n, ext), port)}
+			out.PublicEndpoint = true
+		case published.IsValid():
+			out.Endpoint = mesh.Endpoint{Addr: published}
+		case len(out.InternalIPs) > 0:
+			out.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(out.InternalIPs[0], o.port())}
+		}
+	}
+
+	// Pod CIDRs.
+	podCIDRs := n.Spec.PodCIDRs
+	field := "spec.podCIDRs"
+	if len(podCIDRs) == 0 && n.Spec.PodCIDR != "" {
+		podCIDRs, field = []string{n.Spec.PodCIDR}, "spec.podCIDR"
+	}
+	if len(podCIDRs) > 0 {
+		ps, err := parsePrefixes(podCIDRs)
+		if err != nil {
+			bad(field, strings.Join(podCIDRs, ","), err)
+		} else {
+			out.PodCIDRs = ps
+		}
+	}
+
+	// Allowed location IPs.
+	if v, ok := get(AnnotationAllowedLocationIPs); ok {
+		ps, err := parsePrefixes(splitList(v))
+		if err != nil {
+			bad(AnnotationAllowedLocationIPs, v, err)
+		} else {
+			out.AllowedLocationIPs = ps
+		}
+	}
+
+	// Persistent keepalive.
+	if v, ok := get(AnnotationPersistentKeepalive); ok {
+		s, err := strconv.ParseUint(v, 10, 16)
+		if err != nil {
+			bad(AnnotationPersistentKeepalive, v, errors.New("want whole seconds between 0 and 65535"))
+		} else {
+			out.PersistentKeepalive = time.Duration(s) * time.Second
+		}
+	}
+
+	// Mesh IPs.
+	if v, ok := get(AnnotationWireGuardIP); ok {
+		ips, err := parseAddrList(v, false)
+		if err != nil {
+			bad(AnnotationWireGuardIP, v, err)
+		} else {
+			out.WireGuardIPs = ips
+		}
+	}
+
+	// Discovered endpoints.
+	if v, ok := get(AnnotationDiscoveredEndpoints); ok {
+		m, err := parseDiscovered(v)
+		if err != nil {
+			bad(AnnotationDiscoveredEndpoints, v, err)
+		} else {
+			out.DiscoveredEndpoints = m
+		}
+	}
+	return out, errs
+}
+
+// ParseEndpoint parses a WireGuard endpoint: "host:port", "[v6]:port", a
+// bare IPv4/IPv6 address or a bare host name (then defaultPort is used). A
+// literal IP gives Endpoint{Addr: ip:port}; a DNS name (which must be a
+// DNS-1123 subdomain; it is lower-cased and a trailing dot dropped) gives
+// Endpoint{Host: name, Addr: netip.AddrPortFrom(netip.Addr{}, port)}, whose
+// Addr is invalid but whose Addr.Port() is the port.
+func ParseEndpoint(s string, defaultPort int) (mesh.Endpoint, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return mesh.Endpoint{}, errors.New("empty endpoint")
+	}
+	host, portStr := s, ""
+	switch {
+	case strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]"):
+		host = s[1 : len(s)-1]
+	case strings.Count(s, ":") > 1 && !strings.HasPrefix(s, "["):
+		// A bare IPv6 address.
+	case strings.Contains(s, ":"):
+		h, p, err := net.SplitHostPort(s)
+		if err != nil {
+			return mesh.Endpoint{}, fmt.Errorf("want host:port, [ipv6]:port or a host: %w", err)
+		}
+		host, portStr = h, p
+	}
+	port := defaultPort
+	if portStr != "" {
+		p, err := strconv.Atoi(portStr)
+		if err != nil || p < 1 || p > 65535 {
+			return mesh.Endpoint{}, fmt.Errorf("port %q is not between 1 and 65535", portStr)
+		}
+		port = p
+	}
+	if port < 1 || port > 65535 {
+		return mesh.Endpoint{}, fmt.Errorf("port %d is not between 1 and 65535", port)
+	}
+	if host == "" {
+		return mesh.Endpoint{}, errors.New("empty host")
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a.Zone() != "" {
+			return mesh.Endpoint{}, fmt.Errorf("address %q has a zone", host)
+		}
+		return mesh.Endpoint{Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))}, nil
+	}
+	name := strings.TrimSuffix(strings.ToLower(host), ".")
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return mesh.Endpoint{}, fmt.Errorf("host %q is neither an IP address nor a DNS name: %s", host, strings.Join(msgs, "; "))
+	}
+	return mesh.Endpoint{Host: name, Addr: netip.AddrPortFrom(netip.Addr{}, uint16(port))}, nil
+}
+
+// statusAddrs returns the node's status addresses of one type, at most one
+// per family, IPv4 first; unparsable addresses are skipped.
+func statusAddrs(n *corev1.Node, t corev1.NodeAddressType) []netip.Addr {
+	var v4, v6 netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != t {
+			continue
+		}
+		ip, err := netip.ParseAddr(strings.TrimSpace(a.Address))
+		if err != nil || ip.Zone() != "" {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is4() && !v4.IsValid() {
+			v4 = ip
+		} else if ip.Is6() && !v6.IsValid() {
+			v6 = ip
+		}
+	}
+	var out []netip.Addr
+	for _, ip := range []netip.Addr{v4, v6} {
+		if ip.IsValid() {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// firstExternal returns the first ExternalIP in status order that is among
+// the parsed candidates.
+func firstExternal(n *corev1.Node, candidates []netip.Addr) netip.Addr {
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		ip, err := netip.ParseAddr(strings.TrimSpace(a.Address))
+		if err == nil && slices.Contains(candidates, ip.Unmap()) {
+			return ip.Unmap()
+		}
+	}
+	return candidates[0]
+}
+
+// splitList splits a comma separated list, dropping empty entries.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseAddrList parses a comma separated list of IPs (and, with allowCIDR,
+// CIDRs whose address is taken) holding at most one address per family. The
+// result is IPv4 first.
+func parseAddrList(s string, allowCIDR bool) ([]netip.Addr, error) {
+	var v4, v6 netip.Addr
+	for _, f := range splitList(s) {
+		ip, err := netip.ParseAddr(f)
+		if err != nil && allowCIDR {
+			if p, perr := netip.ParsePrefix(f); perr == nil {
+				ip, err = p.Addr(), nil
+			}
+		}
+		if err != nil || ip.Zone() != "" {
+			if allowCIDR {
+				return nil, fmt.Errorf("%q is not an IP address or CIDR", f)
+			}
+			return nil, fmt.Errorf("%q is not an IP address", f)
+		}
+		ip = ip.Unmap()
+		slot, family := &v6, 6
+		if ip.Is4() {
+			slot, family = &v4, 4
+		}
+		if slot.IsValid() {
+			return nil, fmt.Errorf("more than one IPv%d address (%s and %s)", family, *slot, ip)
+		}
+		*slot = ip
+	}
+	var out []netip.Addr
+	for _, ip := range []netip.Addr{v4, v6} {
+		if ip.IsValid() {
+			out = append(out, ip)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no addresses")
+	}
+	return out, nil
+}
+
+// parsePrefixes parses CIDRs, masking host bits.
+func parsePrefixes(ss []string) ([]netip.Prefix, error) {
+	if len(ss) == 0 {
+		return nil, errors.New("no CIDRs")
+	}
+	out := make([]netip.Prefix, 0, len(ss))
+	for _, s := range ss {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR", s)
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			if !p.IsValid() {
+				return nil, fmt.Errorf("%q is not a CIDR", s)
+			}
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// parseAddrPort parses "ip:port" or "[ipv6]:port".
+func parseAddrPort(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("want ip:port or [ipv6]:port with a port between 1 and 65535")
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
+
+func parseDiscovered(s string) (map[wgtypes.Key]netip.AddrPort, error) {
+	var raw map[string]string
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf(`want a JSON object {"<public key>": "ip:port"}: %w`, err)
+	}
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	out := make(map[wgtypes.Key]netip.AddrPort, len(raw))
+	for k, v := range raw {
+		key, err := wgtypes.ParseKey(k)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a WireGuard public key", k)
+		}
+		ap, err := parseAddrPort(v)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint %q of %s: %w", v, k, err)
+		}
+		out[key] = ap
+	}
+	return out, nil
+}

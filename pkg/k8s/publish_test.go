@@ -1,0 +1,141 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"meshd.io/meshd/pkg/mesh"
+)
+
+func TestNodeAnnotationsRoundTrip(t *testing.T) {
+	k1, k2 := testKey(t, 1), testKey(t, 2)
+	pub := Published{
+		PublicKey:    k1,
+		Endpoint:     netip.MustParseAddrPort("[2001:db8::1]:51820"),
+		InternalIPs:  addrs("10.0.0.1", "fd00::1"),
+		WireGuardIPs: addrs("10.77.0.1", "fd77::1"),
+		DiscoveredEndpoints: map[wgtypes.Key]netip.AddrPort{
+			k2: netip.MustParseAddrPort("198.51.100.2:4000"),
+		},
+	}
+	a := NodeAnnotations(pub)
+	for k := range a {
+		if k != AnnotationPublicKey && k != AnnotationEndpoint && k != AnnotationInternalIP && k != AnnotationWireGuardIP && k != AnnotationDiscoveredEndpoints {
+			t.Errorf("unexpected annotation %s", k)
+		}
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: a}}
+	got, errs := NodeFromObject(n, ParseOptions{})
+	if len(errs) > 0 {
+		t.Fatalf("errors: %v", errs)
+	}
+	want := mesh.Node{
+		Name: "n1", PublicKey: k1, Endpoint: mesh.Endpoint{Addr: pub.Endpoint},
+		InternalIPs: pub.InternalIPs, WireGuardIPs: pub.WireGuardIPs, DiscoveredEndpoints: pub.DiscoveredEndpoints,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", got, want)
+	}
+	// Rendering is deterministic.
+	if !reflect.DeepEqual(a, NodeAnnotations(pub)) {
+		t.Error("NodeAnnotations is not deterministic")
+	}
+	// The zero value renders every owned annotation empty.
+	for k, v := range NodeAnnotations(Published{}) {
+		if v != "" {
+			t.Errorf("zero Published renders %s=%q", k, v)
+		}
+	}
+}
+
+func TestPublishNode(t *testing.T) {
+	ctx := context.Background()
+	k1, k2 := testKey(t, 1), testKey(t, 2)
+	base := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{
+		"user.example.com/keep": "x",
+		AnnotationLocation:      "eu",
+	}}}
+	c := fake.NewClientset(base)
+	var patches [][]byte
+	c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		if p.GetPatchType() != types.MergePatchType {
+			t.Errorf("patch type %s, want merge patch", p.GetPatchType())
+		}
+		patches = append(patches, p.GetPatch())
+		return false, nil, nil
+	})
+	want := NodeAnnotations(Published{PublicKey: k1, InternalIPs: addrs("10.0.0.1")})
+
+	// First publish: only the non-empty values are written.
+	changed, err := PublishNode(ctx, c, "n1", want, nil)
+	if err != nil || !changed {
+		t.Fatalf("first publish: changed=%v err=%v", changed, err)
+	}
+	assertPatch(t, patches[0], map[string]any{AnnotationPublicKey: k1.String(), AnnotationInternalIP: "10.0.0.1"})
+
+	cur, err := c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Annotations["user.example.com/keep"] != "x" || cur.Annotations[AnnotationLocation] != "eu" {
+		t.Errorf("foreign annotations changed: %v", cur.Annotations)
+	}
+
+	// Equal: no API call at all.
+	before := len(c.Actions())
+	changed, err = PublishNode(ctx, c, "n1", want, cur)
+	if err != nil || changed {
+		t.Fatalf("equal publish: changed=%v err=%v", changed, err)
+	}
+	if len(c.Actions()) != before {
+		t.Errorf("equal publish made API calls: %v", c.Actions()[before:])
+	}
+
+	// One key changes, one is removed: only those are patched.
+	want = NodeAnnotations(Published{PublicKey: k2})
+	changed, err = PublishNode(ctx, c, "n1", want, cur)
+	if err != nil || !changed {
+		t.Fatalf("update publish: changed=%v err=%v", changed, err)
+	}
+	assertPatch(t, patches[1], map[string]any{AnnotationPublicKey: k2.String(), AnnotationInternalIP: nil})
+	cur, _ = c.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if _, ok := cur.Annotations[AnnotationInternalIP]; ok || cur.Annotations[AnnotationPublicKey] != k2.String() {
+		t.Errorf("after update: %v", cur.Annotations)
+	}
+
+	// Keys outside meshd.io/ are refused.
+	if _, err := PublishNode(ctx, c, "n1", map[string]string{"other/x": "1"}, cur); err == nil {
+		t.Error("publishing a foreign annotation was accepted")
+	}
+	// A missing node is an error naming it.
+	if _, err := PublishNode(ctx, c, "ghost", want, nil); err == nil {
+		t.Error("publishing on a missing node succeeded")
+	}
+}
+
+func assertPatch(t *testing.T, patch []byte, wantAnnotations map[string]any) {
+	t.Helper()
+	var got struct {
+		Metadata struct {
+			Annotations map[string]any `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(patch, &got); err != nil {
+		t.Fatalf("patch %s: %v", patch, err)
+	}
+	if !reflect.DeepEqual(got.Metadata.Annotations, wantAnnotations) {
+		t.Errorf("patch %s\nwant annotations %v", patch, wantAnnotations)
+	}
+}
