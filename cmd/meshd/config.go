@@ -37,6 +37,7 @@ type config struct {
 	LeaseDuration  time.Duration
 	CleanupOnExit  bool
 	IPTablesMode   string
+	ClusterLinks   bool
 }
 
 // defaultHostname is $NODE_NAME, then the host name.
@@ -72,6 +73,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.DurationVar(&c.LeaseDuration, "lease-duration", 40*time.Second, "a node whose Lease this node has not seen change for this long is not live (leader failover)")
 	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", false, "remove the interface, routes, rules and iptables chains on exit (default: leave them so traffic keeps flowing across restarts)")
 	fs.StringVar(&c.IPTablesMode, "iptables-backend", "", "iptables binaries to use: empty (the system default), nft or legacy")
+	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link` (link Secrets labelled meshd.io/cluster-link=true in --lease-namespace)")
 	return fs
 }
 

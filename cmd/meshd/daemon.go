@@ -43,6 +43,7 @@ type daemon struct {
 	queue                workqueue.TypedRateLimitingInterface[string]
 	routes               *route.Manager
 	device               *wg.Device
+	links                *k8s.LinkWatcher
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -120,6 +121,10 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
+	if c.ClusterLinks {
+		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
+		r.links = d.links
+	}
 	return d, nil
 }
 
@@ -193,6 +198,10 @@ func (d *daemon) Run(ctx context.Context) error {
 		g.Add(func() error {
 			return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
 		}, func(error) { cancel() })
+	}
+	if d.links != nil { // linked clusters
+		lctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.links.Run(lctx) }, func(error) { cancel() })
 	}
 	{ // liveness heartbeat
 		hctx, cancel := context.WithCancel(ctx)

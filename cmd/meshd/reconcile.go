@@ -41,6 +41,8 @@ type (
 		Cleanup() error
 	}
 	lister interface{ List() []any }
+	// linkSource lists the linked clusters (nil: no cluster links).
+	linkSource interface{ Snapshot() []k8s.RemoteCluster }
 )
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
@@ -63,6 +65,7 @@ type reconciler struct {
 	liveness *k8s.Liveness
 
 	nodeLister, peerLister lister
+	links                  linkSource
 
 	device     wgDevice
 	routes     routeSetter
@@ -128,6 +131,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return err
 	}
 	peers := r.meshPeers(ctx, s.peers)
+	peers = append(peers, r.remotePeers(nodes)...)
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
@@ -281,6 +285,35 @@ func (r *reconciler) resolve(ctx context.Context, host string) (netip.Addr, erro
 		return netip.Addr{}, fmt.Errorf("no addresses")
 	}
 	return preferV4(as).Unmap(), nil
+}
+
+// remotePeers turns the location leaders of every linked cluster into
+// peers. Remote ranges overlapping this cluster's pod, mesh or service
+// ranges are dropped and reported on the link Secret, never routed.
+func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
+	if r.links == nil {
+		return nil
+	}
+	remotes := r.links.Snapshot()
+	local := slices.Concat(r.opts.MeshCIDRs, r.opts.ServiceCIDRs)
+	for _, n := range nodes {
+		local = append(local, n.PodCIDRs...)
+	}
+	var peers []mesh.Peer
+	seen := make(map[string]bool, len(remotes))
+	for _, rc := range remotes {
+		id := "link/" + rc.Secret.Name
+		seen[id] = true
+		if rc.Err != nil {
+			r.report(rc.Secret, id, []error{rc.Err})
+			continue
+		}
+		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
+		r.report(rc.Secret, id, problems)
+		peers = append(peers, ps...)
+	}
+	r.forgetReports("link/", seen)
+	return peers
 }
 
 // report logs and records an Event for an object's problems when they

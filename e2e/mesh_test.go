@@ -1,0 +1,199 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"meshd.io/meshd/e2e/testbed"
+)
+
+// Scenario 1: full mesh of 3 nodes (in 2 locations, which full granularity
+// ignores): pod-to-pod ping and a TCP transfer between every pair; every
+// node's wg lists the other two with a recent handshake.
+func TestFullMesh(t *testing.T) {
+	s := newScenario(t, true)
+	s.location("a", false)
+	s.location("b", false)
+	nodes := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "n1", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "n2", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "n3", Location: "b"}),
+	}
+	s.startMeshd(nodes, "--mesh-granularity", "full")
+
+	pairs(nodes, func(a, b *testbed.Node) {
+		s.pingEventually(pod(a), pod(b).IP, 60*time.Second)
+	})
+	pairs(nodes, func(a, b *testbed.Node) {
+		s.pingOK(pod(a), pod(b).IP, 3)
+		if err := pod(a).Transfer(s.ctx, pod(b), pod(b).IP, 4<<20); err != nil {
+			t.Errorf("TCP %s -> %s: %v", a.Name, b.Name, err)
+		}
+	})
+	keys := map[string]string{}
+	for _, n := range nodes {
+		keys[n.Name] = s.pubKey(n)
+	}
+	for _, n := range nodes {
+		s.eventually(30*time.Second, time.Second, "recent handshakes on "+n.Name, func() error {
+			d, err := n.WG(s.ctx, "meshd0")
+			if err != nil {
+				return err
+			}
+			if d.PublicKey != keys[n.Name] {
+				return fmt.Errorf("interface key %s, annotation %s", d.PublicKey, keys[n.Name])
+			}
+			if len(d.Peers) != len(nodes)-1 {
+				return fmt.Errorf("%d peers, want %d", len(d.Peers), len(nodes)-1)
+			}
+			for _, o := range nodes {
+				if o == n {
+					continue
+				}
+				p := d.Peer(keys[o.Name])
+				if p == nil {
+					return fmt.Errorf("no peer for %s (%s)", o.Name, keys[o.Name])
+				}
+				if p.LatestHandshake.IsZero() || time.Since(p.LatestHandshake) > 3*time.Minute {
+					return fmt.Errorf("peer %s: latest handshake %v", o.Name, p.LatestHandshake)
+				}
+				if !contains(p.AllowedIPs, o.PodCIDR.String()) {
+					return fmt.Errorf("peer %s: allowed IPs %v lack %s", o.Name, p.AllowedIPs, o.PodCIDR)
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// Scenario 2: location mesh, 2 locations x 2 nodes. Cross-location pod
+// traffic works through the leaders; within a location traffic does not
+// touch WireGuard: non-leaders have no WireGuard peers, and the leaders'
+// WireGuard counters do not grow during same-location traffic.
+func TestLocationMesh(t *testing.T) {
+	s := newScenario(t, true)
+	s.location("a", false)
+	s.location("b", false)
+	a := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "a1", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "a2", Location: "a"}),
+	}
+	b := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "b1", Location: "b"}),
+		s.node(testbed.NodeOptions{Name: "b2", Location: "b"}),
+	}
+	all := append(append([]*testbed.Node{}, a...), b...)
+	s.startMeshd(all, "--mesh-granularity", "location")
+
+	pairs(all, func(x, y *testbed.Node) {
+		s.pingEventually(pod(x), pod(y).IP, 60*time.Second)
+	})
+	for _, x := range a {
+		for _, y := range b {
+			if err := pod(x).Transfer(s.ctx, pod(y), pod(y).IP, 2<<20); err != nil {
+				t.Errorf("TCP %s -> %s: %v", x.Name, y.Name, err)
+			}
+		}
+	}
+
+	// Exactly one node per location has WireGuard peers: its leader, with
+	// the other location's leader as its single peer.
+	leader := func(loc []*testbed.Node) *testbed.Node {
+		var l *testbed.Node
+		for _, n := range loc {
+			c := s.wgPeerCount(n)
+			if c > 0 {
+				if l != nil {
+					t.Fatalf("two nodes with WireGuard peers in location %s: %s and %s", n.Location.Name, l.Name, n.Name)
+				}
+				if c != 1 {
+					t.Errorf("leader %s has %d peers, want 1", n.Name, c)
+				}
+				l = n
+			}
+		}
+		if l == nil {
+			t.Fatalf("no node with WireGuard peers in location %s", loc[0].Location.Name)
+		}
+		return l
+	}
+	la, lb := leader(a), leader(b)
+	t.Logf("leaders: %s, %s", la.Name, lb.Name)
+
+	counters := func(n *testbed.Node) int64 {
+		d, err := n.WG(s.ctx, "meshd0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for _, p := range d.Peers {
+			sum += p.RX + p.TX
+		}
+		return sum
+	}
+	beforeA, beforeB := counters(la), counters(lb)
+	const size = 8 << 20
+	for _, loc := range [][]*testbed.Node{a, b} {
+		s.pingOK(pod(loc[0]), pod(loc[1]).IP, 5)
+		s.pingOK(pod(loc[1]), pod(loc[0]).IP, 5)
+		if err := pod(loc[0]).Transfer(s.ctx, pod(loc[1]), pod(loc[1]).IP, size); err != nil {
+			t.Errorf("TCP within %s: %v", loc[0].Location.Name, err)
+		}
+	}
+	// Keepalives and handshakes may add a little; the transfer would add
+	// more than 8 MiB.
+	if d := counters(la) - beforeA; d > 64<<10 {
+		t.Errorf("leader %s: WireGuard counters grew by %d bytes during same-location traffic", la.Name, d)
+	}
+	if d := counters(lb) - beforeB; d > 64<<10 {
+		t.Errorf("leader %s: WireGuard counters grew by %d bytes during same-location traffic", lb.Name, d)
+	}
+	for _, n := range all {
+		if n != la && n != lb {
+			if c := s.wgPeerCount(n); c > 0 {
+				t.Errorf("non-leader %s has %d WireGuard peers", n.Name, c)
+			}
+		}
+	}
+	// Cross-location traffic still flows through the leaders' WireGuard.
+	before := counters(la)
+	if err := pod(a[0]).Transfer(s.ctx, pod(b[1]), pod(b[1]).IP, 1<<20); err != nil {
+		t.Error(err)
+	}
+	if d := counters(la) - before; d < 1<<20 {
+		t.Errorf("leader %s: WireGuard counters grew by only %d bytes during a 1 MiB cross-location transfer", la.Name, d)
+	}
+}
+
+// Scenario 4: dual stack. IPv4 and IPv6 pod CIDRs (and mesh CIDRs); pod
+// to pod ping and TCP over both families, across locations.
+func TestDualStack(t *testing.T) {
+	s := newScenario(t, true)
+	s.location("a", false)
+	s.location("b", false)
+	nodes := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "d1", Location: "a", DualStack: true}),
+		s.node(testbed.NodeOptions{Name: "d2", Location: "a", DualStack: true}),
+		s.node(testbed.NodeOptions{Name: "d3", Location: "b", DualStack: true}),
+	}
+	s.startMeshd(nodes, "--mesh-granularity", "location")
+	pairs(nodes, func(x, y *testbed.Node) {
+		s.pingEventually(pod(x), pod(y).IP, 60*time.Second)
+		s.pingEventually(pod(x), pod(y).IP6, 30*time.Second)
+	})
+	pairs(nodes, func(x, y *testbed.Node) {
+		if err := pod(x).Transfer(s.ctx, pod(y), pod(y).IP6, 1<<20); err != nil {
+			t.Errorf("TCP over IPv6 %s -> %s: %v", x.Name, y.Name, err)
+		}
+		if err := pod(x).Transfer(s.ctx, pod(y), pod(y).IP, 1<<20); err != nil {
+			t.Errorf("TCP over IPv4 %s -> %s: %v", x.Name, y.Name, err)
+		}
+	})
+	for _, n := range nodes {
+		ips := s.annotation(n, testbed.AnnotationWGIP)
+		t.Logf("%s: %s=%s", n.Name, testbed.AnnotationWGIP, ips)
+	}
+}

@@ -1,0 +1,244 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"meshd.io/meshd/e2e/testbed"
+)
+
+func peerObject(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "meshd.io/v1alpha1",
+		"kind":       "Peer",
+		"metadata":   map[string]any{"name": name},
+		"spec":       spec,
+	}}
+}
+
+func randomKey() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// Scenario 3: an outside "laptop" with its own userspace WireGuard device
+// (`meshd device` in its own mount namespace) is declared as a Peer; it is
+// configured only from what meshd publishes (the leader's public key and
+// endpoint annotations, the pod CIDRs), pings pods on both nodes of the
+// location and gets answers.
+func TestPeer(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	s.location("a", false)
+	nodes := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "a1", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "a2", Location: "a"}),
+	}
+	laptop, err := tb.AddExternal(ctx, "laptop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.startMeshd(nodes, "--mesh-granularity", "location")
+	s.pingEventually(pod(nodes[0]), pod(nodes[1]).IP, 60*time.Second)
+
+	// The laptop's own WireGuard.
+	if _, err := laptop.StartDevice(ctx, "wg0"); err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(laptop.Dir, "private.key")
+	if _, err := laptop.Exec(ctx, "sh", "-c", "umask 077; wg genkey > "+keyFile); err != nil {
+		t.Fatal(err)
+	}
+	out, err := laptop.Exec(ctx, "sh", "-c", "wg pubkey < "+keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	laptopKey := strings.TrimSpace(out)
+	const laptopIP = "10.5.0.1"
+	const laptopPort = 51821
+
+	_, err = tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("laptop", map[string]any{
+		"publicKey":           laptopKey,
+		"allowedIPs":          []any{laptopIP + "/32"},
+		"endpoint":            map[string]any{"host": laptop.IP.String(), "port": int64(laptopPort)},
+		"persistentKeepalive": int64(10),
+	}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating Peer: %v", err)
+	}
+
+	// The leader is the node that configured the Peer.
+	var leader *testbed.Node
+	s.eventually(30*time.Second, 500*time.Millisecond, "a node configures the Peer", func() error {
+		for _, n := range nodes {
+			d, err := n.WG(ctx, "meshd0")
+			if err != nil {
+				continue
+			}
+			if p := d.Peer(laptopKey); p != nil {
+				if !contains(p.AllowedIPs, laptopIP+"/32") {
+					return fmt.Errorf("%s: Peer with allowed IPs %v", n.Name, p.AllowedIPs)
+				}
+				leader = n
+				return nil
+			}
+		}
+		return fmt.Errorf("no node has the Peer")
+	})
+	leaderKey := s.pubKey(leader)
+	endpoint := s.annotation(leader, testbed.AnnotationEndpoint)
+	t.Logf("leader %s: key %s endpoint %s", leader.Name, leaderKey, endpoint)
+
+	allowed := []string{testbed.MeshCIDR}
+	for _, n := range nodes {
+		allowed = append(allowed, n.PodCIDR.String())
+	}
+	cmds := [][]string{
+		{"wg", "set", "wg0", "private-key", keyFile, "listen-port", fmt.Sprint(laptopPort),
+			"peer", leaderKey, "endpoint", endpoint, "allowed-ips", strings.Join(allowed, ","), "persistent-keepalive", "10"},
+		{"ip", "addr", "add", laptopIP + "/32", "dev", "wg0"},
+		{"ip", "link", "set", "wg0", "up"},
+	}
+	for _, c := range allowed {
+		cmds = append(cmds, []string{"ip", "route", "add", c, "dev", "wg0", "src", laptopIP})
+	}
+	for _, c := range cmds {
+		if out, err := laptop.Exec(ctx, c...); err != nil {
+			t.Fatalf("laptop: %v %s", err, out)
+		}
+	}
+	for _, n := range nodes {
+		p := pod(n)
+		s.eventually(30*time.Second, 500*time.Millisecond, "laptop pings pod on "+n.Name, func() error {
+			out, err := laptop.Exec(ctx, "ping", "-n", "-q", "-c", "1", "-W", "1", p.IP.String())
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+	}
+	// And a pod reaches the laptop (the reply path is the same route).
+	s.pingOK(pod(nodes[0]), mustAddr(laptopIP), 3)
+	s.pingOK(pod(nodes[1]), mustAddr(laptopIP), 3)
+	if out, err := laptop.Exec(ctx, "wg", "show", "wg0"); err == nil {
+		t.Logf("laptop wg show:\n%s", out)
+	}
+}
+
+// Scenario 7a: invalid Peers are refused by the API server with a message
+// naming the offending field. Needs only the CRDs, not meshd.
+func TestInvalidPeersRejected(t *testing.T) {
+	s := newScenario(t, false)
+	ctx := s.ctx
+	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Skipf("Peer CRD not installed (manifests/crds): %v", err)
+	}
+	valid := func() map[string]any {
+		return map[string]any{
+			"publicKey":  randomKey(),
+			"allowedIPs": []any{"10.5.0.1/32"},
+			"endpoint":   map[string]any{"host": "203.0.113.50", "port": int64(51820)},
+		}
+	}
+	// A valid one is accepted (so the refusals below are about the field).
+	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("valid", valid()), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("valid Peer refused: %v", err)
+	}
+	cases := []struct {
+		name  string
+		field string
+		mod   func(spec map[string]any)
+	}{
+		{"bad-key", "spec.publicKey", func(s map[string]any) { s["publicKey"] = "not-a-wireguard-key" }},
+		{"bad-key-length", "spec.publicKey", func(s map[string]any) { s["publicKey"] = randomKey()[:43] + "x" }},
+		{"bad-cidr", "spec.allowedIPs", func(s map[string]any) { s["allowedIPs"] = []any{"10.5.0.1/33"} }},
+		{"not-a-cidr", "spec.allowedIPs", func(s map[string]any) { s["allowedIPs"] = []any{"nonsense"} }},
+		{"port-too-big", "spec.endpoint.port", func(s map[string]any) {
+			s["endpoint"] = map[string]any{"host": "203.0.113.50", "port": int64(70000)}
+		}},
+		{"port-zero", "spec.endpoint.port", func(s map[string]any) {
+			s["endpoint"] = map[string]any{"host": "203.0.113.50", "port": int64(0)}
+		}},
+		{"bad-host", "spec.endpoint.host", func(s map[string]any) {
+			s["endpoint"] = map[string]any{"host": "bad host!", "port": int64(51820)}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			spec := valid()
+			c.mod(spec)
+			_, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject(c.name, spec), metav1.CreateOptions{})
+			if err == nil {
+				t.Fatalf("invalid Peer (%s) accepted", c.name)
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Errorf("want an Invalid error, got %v", err)
+			}
+			if !strings.Contains(err.Error(), c.field) {
+				t.Errorf("error does not name %s: %v", c.field, err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
+// Scenario 7b: a Node with malformed meshd annotations does not stop the
+// others: traffic between the other nodes keeps working and no meshd dies.
+func TestMalformedAnnotations(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	s.location("a", false)
+	s.location("b", false)
+	n1 := s.node(testbed.NodeOptions{Name: "n1", Location: "a"})
+	bad := s.node(testbed.NodeOptions{Name: "bad", Location: "a", Annotations: map[string]string{
+		"meshd.io/persistent-keepalive": "abc",
+		"meshd.io/allowed-location-ips": "nonsense",
+	}})
+	n3 := s.node(testbed.NodeOptions{Name: "n3", Location: "b"})
+	nodes := []*testbed.Node{n1, bad, n3}
+	s.startMeshd(nodes, "--mesh-granularity", "full")
+	s.pingEventually(pod(n1), pod(n3).IP, 60*time.Second)
+	s.pingEventually(pod(n3), pod(n1).IP, 10*time.Second)
+
+	// More garbage at run time.
+	patch := `{"metadata":{"annotations":{"meshd.io/force-endpoint":"::not:an:endpoint::","meshd.io/leader":"perhaps","meshd.io/allowed-location-ips":"10.0.0.0/99,zzz"}}}`
+	if _, err := tb.Kube.CoreV1().Nodes().Patch(ctx, bad.Name, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Two resync periods of continuous checks.
+	deadline := time.Now().Add(11 * time.Second)
+	for time.Now().Before(deadline) {
+		s.pingOK(pod(n1), pod(n3).IP, 1)
+		s.pingOK(pod(n3), pod(n1).IP, 1)
+		for _, n := range nodes {
+			if n.Meshd().Exited() {
+				t.Fatalf("meshd on %s exited: %v", n.Name, n.Meshd().Err())
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	if err := pod(n1).Transfer(ctx, pod(n3), pod(n3).IP, 1<<20); err != nil {
+		t.Error(err)
+	}
+	for _, n := range nodes {
+		if err := n.WaitMeshdReady(ctx, 5*time.Second); err != nil {
+			t.Errorf("meshd on %s not ready: %v", n.Name, err)
+		}
+	}
+	// Informational: does the node with bad annotations still work?
+	if err := pod(bad).Ping(ctx, pod(n1).IP, 1); err != nil {
+		t.Logf("note: pod on %s cannot reach %s: %v", bad.Name, n1.Name, err)
+	}
+}

@@ -1,0 +1,298 @@
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// Cluster links: `meshctl link` gives each cluster read-only credentials for
+// the other, stored as a labelled Secret; meshd watches those Secrets and
+// keeps the remote cluster's location leaders as WireGuard peers by itself.
+const (
+	// LabelClusterLink marks a Secret holding a linked cluster's kubeconfig.
+	LabelClusterLink = AnnotationPrefix + "cluster-link"
+	// Annotations on a link Secret describing the remote cluster.
+	AnnotationRemoteCluster       = AnnotationPrefix + "remote-cluster"
+	AnnotationRemoteServiceCIDRs  = AnnotationPrefix + "remote-service-cidrs"
+	AnnotationRemoteGranularity   = AnnotationPrefix + "remote-mesh-granularity"
+	AnnotationRemoteMeshCIDRs     = AnnotationPrefix + "remote-mesh-cidrs"
+	AnnotationRemoteTopologyLabel = AnnotationPrefix + "remote-topology-label"
+	AnnotationRemotePort          = AnnotationPrefix + "remote-port"
+	// LinkSecretPrefix prefixes link Secrets: meshd-link-<remote cluster>.
+	LinkSecretPrefix = "meshd-link-"
+	// LinkKubeconfigKey is the Secret data key of the kubeconfig.
+	LinkKubeconfigKey = "kubeconfig"
+	// LinkReader names the read-only ServiceAccount, ClusterRole and binding
+	// created in a cluster for the clusters linked to it.
+	LinkReader = "meshd-link-reader"
+)
+
+// LinkSettings describe a cluster's mesh as another cluster needs to know it.
+type LinkSettings struct {
+	// Name is the cluster's name (DNS label), used in Secret and Peer names.
+	Name          string
+	ServiceCIDRs  []netip.Prefix
+	Granularity   mesh.Granularity
+	MeshCIDRs     []netip.Prefix
+	TopologyLabel string
+	Port          int
+}
+
+func (s LinkSettings) annotations() map[string]string {
+	return map[string]string{
+		AnnotationRemoteCluster:       s.Name,
+		AnnotationRemoteServiceCIDRs:  joinPrefixes(s.ServiceCIDRs),
+		AnnotationRemoteGranularity:   string(s.Granularity),
+		AnnotationRemoteMeshCIDRs:     joinPrefixes(s.MeshCIDRs),
+		AnnotationRemoteTopologyLabel: s.TopologyLabel,
+		AnnotationRemotePort:          strconv.Itoa(s.Port),
+	}
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	ss := make([]string, len(ps))
+	for i, p := range ps {
+		ss[i] = p.String()
+	}
+	return strings.Join(ss, ",")
+}
+
+// LinkFromSecret reads a link Secret: the remote cluster's settings and the
+// kubeconfig that reads it.
+func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
+	a := s.Annotations
+	ls := LinkSettings{
+		Name:          a[AnnotationRemoteCluster],
+		Granularity:   mesh.Granularity(a[AnnotationRemoteGranularity]),
+		TopologyLabel: a[AnnotationRemoteTopologyLabel],
+		Port:          mesh.DefaultPort,
+	}
+	var errs []error
+	if ls.Name == "" {
+		errs = append(errs, fmt.Errorf("annotation %s is missing", AnnotationRemoteCluster))
+	}
+	if ls.Granularity == "" {
+		ls.Granularity = mesh.GranularityLocation
+	}
+	if ls.TopologyLabel == "" {
+		ls.TopologyLabel = DefaultTopologyLabel
+	}
+	var err error
+	if ls.ServiceCIDRs, err = parsePrefixes(splitList(a[AnnotationRemoteServiceCIDRs])); err != nil {
+		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteServiceCIDRs, err))
+	}
+	if ls.MeshCIDRs, err = parsePrefixes(splitList(a[AnnotationRemoteMeshCIDRs])); err != nil {
+		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteMeshCIDRs, err))
+	}
+	if len(ls.MeshCIDRs) == 0 {
+		ls.MeshCIDRs = []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}
+	}
+	if p := a[AnnotationRemotePort]; p != "" {
+		if ls.Port, err = strconv.Atoi(p); err != nil || ls.Port < 1 || ls.Port > 65535 {
+			errs = append(errs, fmt.Errorf("annotation %s: bad port %q", AnnotationRemotePort, p))
+			ls.Port = mesh.DefaultPort
+		}
+	}
+	kc := s.Data[LinkKubeconfigKey]
+	if len(kc) == 0 {
+		errs = append(errs, fmt.Errorf("data key %q is missing", LinkKubeconfigKey))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ls, nil, fmt.Errorf("link Secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return ls, kc, nil
+}
+
+// RemotePeers computes the Peers a linked cluster contributes: one per
+// location leader of the remote mesh, with everything routed through it. The
+// remote service CIDRs go to the first leader only (WireGuard routes one
+// prefix to one peer). Prefixes overlapping local (the local cluster's pod,
+// mesh and service ranges) are dropped and reported, never routed.
+func RemotePeers(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix) (peers []mesh.Peer, problems []error) {
+	mnodes := make([]mesh.Node, 0, len(nodes))
+	for _, n := range nodes {
+		mn, _ := NodeFromObject(n, ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
+		mnodes = append(mnodes, mn)
+	}
+	topo, err := mesh.NewTopology(mnodes, nil, mesh.Local{}, mesh.Options{
+		Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
+	})
+	if err != nil {
+		return nil, []error{fmt.Errorf("computing cluster %s's topology: %w", ls.Name, err)}
+	}
+	services := slices.Clone(ls.ServiceCIDRs)
+	for _, seg := range topo.Segments {
+		p, ok := topo.SegmentAsPeer(seg.Leader)
+		if !ok {
+			continue
+		}
+		p.Name = "cluster-" + ls.Name + "-" + seg.Leader
+		p.AllowedIPs = append(p.AllowedIPs, services...)
+		services = nil
+		kept := p.AllowedIPs[:0]
+		for _, a := range p.AllowedIPs {
+			if l, bad := overlapping(a, local); bad {
+				problems = append(problems, fmt.Errorf("cluster %s: %s (via %s) overlaps local range %s: not routed", ls.Name, a, seg.Leader, l))
+				continue
+			}
+			kept = append(kept, a)
+		}
+		p.AllowedIPs = kept
+		if len(p.AllowedIPs) > 0 {
+			peers = append(peers, p)
+		}
+	}
+	return peers, problems
+}
+
+func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
+	for _, q := range set {
+		if p.Overlaps(q) {
+			return q, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
+// `from` a ServiceAccount, a ClusterRole reading Nodes only, its binding and a
+// token Secret, and in `to` the link Secret with a kubeconfig for that token
+// and `from`'s settings. server is the API address `to`'s nodes use to reach
+// `from` (default: from's own client address).
+func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, namespace string) error {
+	if err := validName(fromSettings.Name); err != nil {
+		return err
+	}
+	if server == "" {
+		server = from.Config.Host
+	}
+	k := from.Kube
+	if _, err := k.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
+		return fmt.Errorf("cluster %s: namespace %s (is meshd installed?): %w", fromSettings.Name, namespace, err)
+	}
+	labels := map[string]string{LabelManagedBy: ManagedBy}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Namespace: namespace, Labels: labels}}
+	if _, err := k.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("cluster %s: creating ServiceAccount %s/%s: %w", fromSettings.Name, namespace, LinkReader, err)
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Labels: labels},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	if _, err := k.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		_, err = k.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("cluster %s: updating ClusterRole %s: %w", fromSettings.Name, LinkReader, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("cluster %s: creating ClusterRole %s: %w", fromSettings.Name, LinkReader, err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Labels: labels},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: LinkReader},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: LinkReader, Namespace: namespace}},
+	}
+	if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", fromSettings.Name, LinkReader, err)
+	}
+	tokenSecret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: LinkReader + "-token", Namespace: namespace, Labels: labels,
+			Annotations: map[string]string{corev1.ServiceAccountNameKey: LinkReader}},
+		Type: corev1.SecretTypeServiceAccountToken,
+	}
+	if _, err := k.CoreV1().Secrets(namespace).Create(ctx, tokenSecret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("cluster %s: creating token Secret: %w", fromSettings.Name, err)
+	}
+	token, ca, err := waitToken(ctx, from, namespace, LinkReader+"-token")
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
+	}
+	if len(ca) == 0 {
+		ca = from.Config.CAData
+	}
+	kc, err := clientcmd.Write(clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{LinkReader: {Token: token}},
+		Contexts:       map[string]*clientcmdapi.Context{fromSettings.Name: {Cluster: fromSettings.Name, AuthInfo: LinkReader}},
+		CurrentContext: fromSettings.Name,
+	})
+	if err != nil {
+		return fmt.Errorf("writing the kubeconfig for cluster %s: %w", fromSettings.Name, err)
+	}
+	link := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: LinkSecretPrefix + fromSettings.Name, Namespace: namespace,
+			Labels:      map[string]string{LabelClusterLink: "true", LabelManagedBy: ManagedBy},
+			Annotations: fromSettings.annotations(),
+		},
+		Data: map[string][]byte{LinkKubeconfigKey: kc},
+	}
+	sc := to.Kube.CoreV1().Secrets(namespace)
+	if _, err := sc.Create(ctx, link, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		if _, err := sc.Update(ctx, link, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("updating link Secret %s/%s: %w", namespace, link.Name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("creating link Secret %s/%s: %w", namespace, link.Name, err)
+	}
+	return nil
+}
+
+func waitToken(ctx context.Context, c *Clients, ns, name string) (token string, ca []byte, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		s, err := c.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && len(s.Data[corev1.ServiceAccountTokenKey]) > 0 {
+			return string(s.Data[corev1.ServiceAccountTokenKey]), s.Data[corev1.ServiceAccountRootCAKey], nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil, fmt.Errorf("waiting for the token of Secret %s/%s (is kube-controller-manager's token controller running?): %w", ns, name, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// RevokeLink removes what GrantLink made: the link Secret in `to`, and the
+// token Secret in `from` (the reader ServiceAccount and role stay for other
+// links; deleting the token revokes this link's credentials).
+func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, namespace string) error {
+	var errs []error
+	if err := to.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkSecretPrefix+fromName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("deleting link Secret %s/%s%s: %w", namespace, LinkSecretPrefix, fromName, err))
+	}
+	if from != nil {
+		if err := from.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkReader+"-token", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("cluster %s: deleting the reader token: %w", fromName, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validName(s string) error {
+	if s == "" || len(s) > 40 {
+		return fmt.Errorf("cluster name %q: want 1-40 characters", s)
+	}
+	for i, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' && i > 0 && i < len(s)-1) {
+			return fmt.Errorf("cluster name %q: want lower-case letters, digits and inner dashes", s)
+		}
+	}
+	return nil
+}
