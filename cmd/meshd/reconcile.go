@@ -13,10 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
-	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"

@@ -107,7 +107,11 @@ func (f *fakes) refresh(t *testing.T) {
 	f.rec.nodeLister = sliceLister(objs)
 }
 
-type counters struct{ wg, routes uint64; ipt int; patches int }
+type counters struct {
+	wg, routes uint64
+	ipt        int
+	patches    int
+}
 
 func (f *fakes) counters() counters {
 	patches := 0
