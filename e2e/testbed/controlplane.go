@@ -13,8 +13,10 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -198,7 +200,47 @@ users:
 		return err
 	}
 	tb.writeHelpers()
-	return nil
+	return tb.installRBAC(ctx, ca)
+}
+
+// installRBAC applies the shipped namespace and RBAC manifests and writes
+// MeshdKubeconfig with a token of the meshd ServiceAccount.
+func (tb *Testbed) installRBAC(ctx context.Context, ca []byte) error {
+	for _, f := range []string{"namespace.yaml", "rbac.yaml"} {
+		data, err := os.ReadFile(filepath.Join(tb.RepoRoot, "manifests", f))
+		if err != nil {
+			return err
+		}
+		argv := append([]string{filepath.Join(tb.KubeDir, "kubectl"), "--kubeconfig", tb.Kubeconfig}, "apply", "-f", "-")
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", tb.CPNS}, argv...)...)
+		cmd.Stdin = bytes.NewReader(data)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("applying manifests/%s: %w\n%s", f, err, out)
+		}
+	}
+	exp := int64(24 * 3600)
+	tr, err := tb.Kube.CoreV1().ServiceAccounts(LeaseNamespace).CreateToken(ctx, "meshd",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("requesting a token for ServiceAccount %s/meshd: %w", LeaseNamespace, err)
+	}
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: me2e
+  cluster:
+    server: https://%s:%d
+    certificate-authority-data: %s
+contexts:
+- name: me2e
+  context: {cluster: me2e, user: meshd}
+current-context: me2e
+users:
+- name: meshd
+  user: {token: %s}
+`, APIServerAddr, APIServerPort, b64(ca), tr.Status.Token)
+	tb.MeshdKubeconfig = filepath.Join(tb.Dir, "meshd.kubeconfig")
+	return os.WriteFile(tb.MeshdKubeconfig, []byte(kc), 0o600)
 }
 
 // writeHelpers writes small scripts for humans into Dir: kubectl runs

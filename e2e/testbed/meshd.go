@@ -19,7 +19,7 @@ import (
 // (later flags win, so extra may override e.g. --mesh-granularity).
 func (n *Node) MeshdArgs(extra ...string) []string {
 	args := []string{
-		"--kubeconfig", n.tb.Kubeconfig,
+		"--kubeconfig", n.tb.MeshdKubeconfig,
 		"--hostname", n.Name,
 		"--state-dir", filepath.Join(n.Dir, "state"),
 		"--listen", "127.0.0.1:9477",

@@ -80,7 +80,11 @@ type Testbed struct {
 	// testbed; from the host it is reachable only through RESTConfig (which
 	// dials inside the control-plane namespace) or `ip netns exec`.
 	Kubeconfig string
-	Token      string
+	// MeshdKubeconfig authenticates as the manifests' meshd ServiceAccount
+	// (manifests/rbac.yaml applied as is), so every scenario proves that
+	// the shipped RBAC is enough for meshd.
+	MeshdKubeconfig string
+	Token           string
 	RESTConfig *rest.Config
 	Kube       kubernetes.Interface
 	Dynamic    dynamic.Interface

@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -171,7 +174,7 @@ func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
 
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
 // `from` a ServiceAccount, a ClusterRole reading Nodes only, its binding and a
-// token Secret, and in `to` the link Secret with a kubeconfig for that token
+// token (TokenRequest API, bound to an anchor Secret), and in `to` the link Secret with a kubeconfig for that token
 // and `from`'s settings. server is the API address `to`'s nodes use to reach
 // `from` (default: from's own client address).
 func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, namespace string) error {
@@ -210,20 +213,15 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 	if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", fromSettings.Name, LinkReader, err)
 	}
-	tokenSecret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: LinkReader + "-token", Namespace: namespace, Labels: labels,
-			Annotations: map[string]string{corev1.ServiceAccountNameKey: LinkReader}},
-		Type: corev1.SecretTypeServiceAccountToken,
-	}
-	if _, err := k.CoreV1().Secrets(namespace).Create(ctx, tokenSecret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("cluster %s: creating token Secret: %w", fromSettings.Name, err)
-	}
-	token, ca, err := waitToken(ctx, from, namespace, LinkReader+"-token")
+	token, err := requestLinkToken(ctx, k, namespace, labels)
 	if err != nil {
 		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
 	}
-	if len(ca) == 0 {
-		ca = from.Config.CAData
+	ca := from.Config.CAData
+	if len(ca) == 0 && from.Config.CAFile != "" {
+		if ca, err = os.ReadFile(from.Config.CAFile); err != nil {
+			return fmt.Errorf("cluster %s: reading its CA: %w", fromSettings.Name, err)
+		}
 	}
 	kc, err := clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
@@ -253,25 +251,48 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 	return nil
 }
 
-func waitToken(ctx context.Context, c *Clients, ns, name string) (token string, ca []byte, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		s, err := c.Kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && len(s.Data[corev1.ServiceAccountTokenKey]) > 0 {
-			return string(s.Data[corev1.ServiceAccountTokenKey]), s.Data[corev1.ServiceAccountRootCAKey], nil
-		}
-		select {
-		case <-ctx.Done():
-			return "", nil, fmt.Errorf("waiting for the token of Secret %s/%s (is kube-controller-manager's token controller running?): %w", ns, name, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
+// LinkTokenLifetime is the validity requested for a link's token. The API
+// server caps it at its --service-account-max-token-expiration when that is
+// set; running `meshctl link` again renews the token.
+const LinkTokenLifetime = 365 * 24 * time.Hour
+
+// requestLinkToken returns a token of the reader ServiceAccount from the
+// TokenRequest API (no kube-controller-manager needed), bound to the anchor
+// Secret LinkReader+"-token": deleting that Secret (RevokeLink) invalidates
+// the token at once.
+func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace string, labels map[string]string) (string, error) {
+	sc := k.CoreV1().Secrets(namespace)
+	name := LinkReader + "-token"
+	anchor, err := sc.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels,
+			Annotations: map[string]string{AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
+		Type: corev1.SecretTypeOpaque,
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		anchor, err = sc.Get(ctx, name, metav1.GetOptions{})
 	}
+	if err != nil {
+		return "", fmt.Errorf("creating the token anchor Secret %s/%s: %w", namespace, name, err)
+	}
+	secs := int64(LinkTokenLifetime / time.Second)
+	tr, err := k.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, LinkReader, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: &secs,
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Secret", APIVersion: "v1", Name: anchor.Name, UID: anchor.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, LinkReader, err)
+	}
+	if tr.Status.Token == "" {
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: empty token", namespace, LinkReader)
+	}
+	return tr.Status.Token, nil
 }
 
 // RevokeLink removes what GrantLink made: the link Secret in `to`, and the
-// token Secret in `from` (the reader ServiceAccount and role stay for other
-// links; deleting the token revokes this link's credentials).
+// token anchor Secret in `from` (the reader ServiceAccount and role stay for
+// other links; deleting the anchor invalidates the tokens bound to it).
 func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, namespace string) error {
 	var errs []error
 	if err := to.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkSecretPrefix+fromName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {

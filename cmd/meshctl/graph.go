@@ -1,0 +1,340 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// lookPath is exec.LookPath (replaced in tests).
+var lookPath = exec.LookPath
+
+// runDot renders dot source as SVG with Graphviz.
+func runDot(ctx context.Context, src string, w io.Writer) error {
+	path, err := lookPath("dot")
+	if err != nil {
+		return fmt.Errorf("-o svg needs Graphviz's dot in PATH: %w", err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, path, "-Tsvg")
+	cmd.Stdin = strings.NewReader(src)
+	cmd.Stdout = w
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("running %s -Tsvg: %v: %s", path, err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// dotQuote quotes a Graphviz ID or label; "\n" in s stays a line break.
+func dotQuote(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+	return `"` + r.Replace(s) + `"`
+}
+
+// renderGraph draws the topology in Graphviz dot.
+func renderGraph(m *model) string {
+	t := m.Topo
+	var b strings.Builder
+	b.WriteString("digraph meshd {\n")
+	fmt.Fprintf(&b, "  graph [label=%s, labelloc=t, fontname=\"sans-serif\", compound=true, rankdir=LR];\n",
+		dotQuote(fmt.Sprintf("meshd mesh of %s (granularity %s)", m.Server, t.Options.Granularity)))
+	b.WriteString("  node [shape=box, fontname=\"sans-serif\", fontsize=10];\n")
+	b.WriteString("  edge [fontname=\"sans-serif\", fontsize=9];\n")
+	nodeID := func(n string) string { return dotQuote("node/" + n) }
+	peerID := func(n string) string { return dotQuote("peer/" + n) }
+	for s, seg := range t.Segments {
+		fmt.Fprintf(&b, "\n  subgraph %s {\n", dotQuote(fmt.Sprintf("cluster_%d", s)))
+		fmt.Fprintf(&b, "    label=%s;\n", dotQuote("location "+seg.Location))
+		b.WriteString("    style=rounded;\n")
+		for _, n := range seg.Nodes {
+			lines := []string{n}
+			attrs := ""
+			if n == seg.Leader {
+				lines = append(lines, "leader")
+				if e := endpointString(seg.Endpoint); e != "" {
+					lines = append(lines, e)
+				}
+				attrs = ", style=bold"
+			}
+			if ips := t.MeshIPs[n]; len(ips) > 0 {
+				lines = append(lines, joinAddrs(ips))
+			}
+			if m.Live != nil && !m.Live[n] {
+				lines = append(lines, "not live")
+				attrs += ", color=gray"
+			}
+			fmt.Fprintf(&b, "    %s [label=%s%s];\n", nodeID(n), dotQuote(strings.Join(lines, "\n")), attrs)
+		}
+		b.WriteString("  }\n")
+	}
+	// Nodes without a key are not WireGuard members.
+	var outside []string
+	for _, n := range m.nodeNames() {
+		if m.segmentOf(n) < 0 {
+			outside = append(outside, n)
+		}
+	}
+	if len(outside) > 0 {
+		b.WriteString("\n")
+		for _, n := range outside {
+			fmt.Fprintf(&b, "  %s [label=%s, style=dotted];\n", nodeID(n), dotQuote(n+"\nno public key: not in the mesh"))
+		}
+	}
+	if len(t.Peers) > 0 {
+		b.WriteString("\n")
+	}
+	for _, p := range t.Peers {
+		lines := []string{"peer " + p.Name}
+		if e := endpointString(p.Endpoint); e != "" {
+			lines = append(lines, e)
+		}
+		fmt.Fprintf(&b, "  %s [label=%s, shape=ellipse];\n", peerID(p.Name), dotQuote(strings.Join(lines, "\n")))
+	}
+	b.WriteString("\n")
+	// Underlay: members to their leader.
+	for _, seg := range t.Segments {
+		for _, n := range seg.Nodes {
+			if n != seg.Leader {
+				fmt.Fprintf(&b, "  %s -> %s [style=dashed, arrowhead=none];\n", nodeID(n), nodeID(seg.Leader))
+			}
+		}
+	}
+	// WireGuard links, labelled with what the tail routes to the head.
+	var zero wgtypes.Key
+	for _, a := range t.Segments {
+		if a.PublicKey == zero {
+			continue
+		}
+		for _, z := range t.Segments {
+			if z.Leader == a.Leader || z.PublicKey == zero {
+				continue
+			}
+			fmt.Fprintf(&b, "  %s -> %s [label=%s];\n", nodeID(a.Leader), nodeID(z.Leader), dotQuote(joinPrefixes(z.AllowedIPs, "\n")))
+		}
+		for _, p := range t.Peers {
+			fmt.Fprintf(&b, "  %s -> %s [label=%s];\n", nodeID(a.Leader), peerID(p.Name), dotQuote(joinPrefixes(p.AllowedIPs, "\n")))
+		}
+	}
+	for _, p := range t.Peers {
+		for _, z := range t.Segments {
+			if z.PublicKey == zero {
+				continue
+			}
+			fmt.Fprintf(&b, "  %s -> %s [label=%s, style=dotted];\n", peerID(p.Name), nodeID(z.Leader), dotQuote(joinPrefixes(z.AllowedIPs, "\n")))
+		}
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// AnnotationHandshakes is the annotation meshctl reads the latest
+// handshakes from: a JSON object mapping a remote public key to the Unix
+// time (seconds) of the latest handshake with it, published by meshd on its
+// Node. (Not published by meshd yet; see docs/meshctl.md.)
+const AnnotationHandshakes = k8s.AnnotationPrefix + "handshakes"
+
+// handshakes parses a node's meshd.io/handshakes annotation.
+func handshakes(m *model, node string) (map[wgtypes.Key]time.Time, error) {
+	o, ok := m.Objs[node]
+	if !ok {
+		return nil, nil
+	}
+	v := strings.TrimSpace(o.Annotations[AnnotationHandshakes])
+	if v == "" {
+		return nil, nil
+	}
+	var raw map[string]int64
+	if err := json.Unmarshal([]byte(v), &raw); err != nil {
+		return nil, fmt.Errorf("ignoring %s of node %s: want a JSON object {\"<public key>\": <unix seconds>}: %v", AnnotationHandshakes, node, err)
+	}
+	out := make(map[wgtypes.Key]time.Time, len(raw))
+	for k, ts := range raw {
+		key, err := wgtypes.ParseKey(k)
+		if err != nil {
+			return nil, fmt.Errorf("ignoring %s of node %s: %q is not a WireGuard public key", AnnotationHandshakes, node, k)
+		}
+		if ts > 0 {
+			out[key] = time.Unix(ts, 0)
+		}
+	}
+	return out, nil
+}
+
+// link is one WireGuard link as one leader configures it.
+type link struct {
+	From, To  string
+	Key       wgtypes.Key
+	Handshake string
+}
+
+// links lists every leader's WireGuard peers with the latest handshake as
+// the leader published it: the age in seconds from meshd.io/handshakes,
+// else "<180s" when the leader lists the peer in its discovered endpoints
+// (published only after a handshake within 3 minutes), else "-".
+func (m *model) links() (ls []link, problems []string) {
+	var zero wgtypes.Key
+	t := m.Topo
+	for _, a := range t.Segments {
+		if a.PublicKey == zero {
+			continue
+		}
+		hs, err := handshakes(m, a.Leader)
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+		n, _ := m.node(a.Leader)
+		age := func(k wgtypes.Key) string {
+			if ts, ok := hs[k]; ok {
+				return strconv.Itoa(max(0, seconds(m.Now.Sub(ts)))) + "s"
+			}
+			if _, ok := n.DiscoveredEndpoints[k]; ok {
+				return "<180s"
+			}
+			return "-"
+		}
+		for _, z := range t.Segments {
+			if z.Leader == a.Leader || z.PublicKey == zero {
+				continue
+			}
+			to := z.Leader
+			if z.Location != z.Leader {
+				to += " (location " + z.Location + ")"
+			}
+			ls = append(ls, link{From: a.Leader, To: to, Key: z.PublicKey, Handshake: age(z.PublicKey)})
+		}
+		for _, p := range t.Peers {
+			ls = append(ls, link{From: a.Leader, To: "peer " + p.Name, Key: p.PublicKey, Handshake: age(p.PublicKey)})
+		}
+	}
+	return ls, problems
+}
+
+// renderStatus is the overview printed by meshctl status.
+func renderStatus(m *model) string {
+	t := m.Topo
+	var b strings.Builder
+	fmt.Fprintf(&b, "Cluster %s: granularity %s, mesh CIDRs %s, port %d\n",
+		m.Server, t.Options.Granularity, joinPrefixes(t.Options.MeshCIDRs, ", "), t.Options.Port)
+	table := func(title string, header string, rows [][]string) {
+		fmt.Fprintf(&b, "\n%s\n", title)
+		if len(rows) == 0 {
+			b.WriteString("(none)\n")
+			return
+		}
+		w := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(w, header)
+		for _, r := range rows {
+			fmt.Fprintln(w, strings.Join(r, "\t"))
+		}
+		w.Flush()
+	}
+	leaders := map[string]bool{}
+	for _, s := range t.Segments {
+		leaders[s.Leader] = true
+	}
+	var rows [][]string
+	for _, name := range m.nodeNames() {
+		n, _ := m.node(name)
+		loc := n.Location
+		if s := m.segmentOf(name); s >= 0 {
+			loc = t.Segments[s].Location
+		} else if loc == "" || t.Options.Granularity == mesh.GranularityFull {
+			loc = name
+		}
+		key := "no"
+		if n.PublicKey != (wgtypes.Key{}) {
+			key = "yes"
+		}
+		live := "-"
+		if m.Live != nil && m.Leases[name] {
+			live = yesNo(m.Live[name])
+		}
+		rows = append(rows, []string{name, loc, yesNo(leaders[name]), orDash(endpointString(n.Endpoint)), orDash(joinAddrs(t.MeshIPs[name])), key, live})
+	}
+	table("NODES", "NAME\tLOCATION\tLEADER\tENDPOINT\tMESH IPS\tKEY\tLIVE", rows)
+
+	rows = nil
+	for _, s := range t.Segments {
+		rows = append(rows, []string{s.Location, s.Leader, orDash(endpointString(s.Endpoint)), strings.Join(s.Nodes, ","), orDash(joinPrefixes(s.AllowedIPs, ","))})
+	}
+	table("LOCATIONS", "LOCATION\tLEADER\tENDPOINT\tNODES\tALLOWED IPS", rows)
+
+	rows = nil
+	usable := map[string]mesh.Peer{}
+	for _, p := range t.Peers {
+		usable[p.Name] = p
+	}
+	for _, name := range m.peerNames() {
+		p, ok := usable[name]
+		if !ok {
+			rows = append(rows, []string{name, "-", "-", "-", "no"})
+			continue
+		}
+		ka := "-"
+		if p.PersistentKeepalive > 0 {
+			ka = strconv.Itoa(seconds(p.PersistentKeepalive)) + "s"
+		}
+		ep := "-"
+		if !p.Endpoint.IsZero() {
+			ep = p.Endpoint.String()
+		}
+		rows = append(rows, []string{name, ep, orDash(joinPrefixes(p.AllowedIPs, ",")), ka, "yes"})
+	}
+	table("PEERS", "NAME\tENDPOINT\tALLOWED IPS\tKEEPALIVE\tUSABLE", rows)
+
+	ls, problems := m.links()
+	rows = nil
+	for _, l := range ls {
+		rows = append(rows, []string{l.From, l.To, l.Handshake})
+	}
+	table("WIREGUARD LINKS", "FROM\tTO\tLATEST HANDSHAKE", rows)
+
+	for _, k := range sortedKeys(m.Input.Problems) {
+		problems = append(problems, k+": "+joinErrors(m.Input.Problems[k]))
+	}
+	problems = append(problems, t.Warnings...)
+	if len(problems) > 0 {
+		b.WriteString("\nPROBLEMS\n")
+		for _, p := range problems {
+			fmt.Fprintf(&b, "- %s\n", p)
+		}
+	}
+	return b.String()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func sortedKeys[V any](mp map[string]V) []string {
+	out := make([]string, 0, len(mp))
+	for k := range mp {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

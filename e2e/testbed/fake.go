@@ -1,0 +1,161 @@
+//go:build e2e
+
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// FakeEndpointPrefix holds the underlay addresses of fake nodes (Node
+// objects with no namespace behind them, for scale tests). The router
+// namespace discards traffic to it (a blackhole route, more specific than
+// br-wan's 203.0.113.0/24), so WireGuard handshakes that nodes send to fake
+// endpoints die inside the testbed: nothing answers, nothing leaves the
+// machine. Hosts attached to br-wan itself (external hosts, NAT boxes) would
+// ARP for these addresses instead and get no answer, which also drops.
+var FakeEndpointPrefix = netip.MustParsePrefix("203.0.113.240/28")
+
+// FakeNode is a Node object without a namespace: it carries a published
+// WireGuard key and endpoint as if meshd ran there, so real nodes configure
+// it as a peer. Its endpoint and InternalIP lie in FakeEndpointPrefix.
+type FakeNode struct {
+	Name       string
+	Region     string
+	PublicKey  wgtypes.Key
+	Endpoint   netip.AddrPort
+	InternalIP netip.Addr
+	PodCIDR    netip.Prefix
+}
+
+// FakeNodes returns count fake nodes named <prefix>-<i> for i in
+// [first, first+count) with fresh random keys, pod CIDRs 10.200.<i>.0/24
+// (so i < 256; not 10.100.x, which lies in the testbed's service CIDR
+// 10.96.0.0/12), regions fake-<i mod 4>, and endpoints spread over
+// FakeEndpointPrefix (address i mod 16, port 51820 + i/16).
+func FakeNodes(prefix string, first, count int) ([]FakeNode, error) {
+	if first < 0 || first+count > 256 {
+		return nil, fmt.Errorf("fake nodes %d..%d: want indexes in [0, 256)", first, first+count-1)
+	}
+	out := make([]FakeNode, 0, count)
+	for i := first; i < first+count; i++ {
+		priv, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			return nil, err
+		}
+		addr := addrAdd(FakeEndpointPrefix.Addr(), i%16)
+		out = append(out, FakeNode{
+			Name:       fmt.Sprintf("%s-%d", prefix, i),
+			Region:     fmt.Sprintf("fake-%d", i%4),
+			PublicKey:  priv.PublicKey(),
+			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
+			InternalIP: addr,
+			PodCIDR:    netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(i), 0}), 24),
+		})
+	}
+	return out, nil
+}
+
+// EnsureFakeBlackhole installs (idempotently) the router's blackhole route
+// for FakeEndpointPrefix. It survives Reset; it is harmless to real nodes.
+func (tb *Testbed) EnsureFakeBlackhole(ctx context.Context) error {
+	_, err := run(ctx, "ip", "-n", tb.RouterNS, "route", "replace", "blackhole", FakeEndpointPrefix.String())
+	return err
+}
+
+// fastKube is a clientset without client-side rate limiting (the shared one
+// allows 100 QPS), so a burst really is a burst.
+func (tb *Testbed) fastKube() (kubernetes.Interface, error) {
+	cfg := rest.CopyConfig(tb.RESTConfig)
+	cfg.QPS = -1 // no client-side rate limiter
+	cfg.Burst = 0
+	return kubernetes.NewForConfig(cfg)
+}
+
+// CreateFakeNodes makes sure fake endpoints are blackholed, then creates
+// the Node objects with `parallel` concurrent workers: each is one create
+// (labels, annotations meshd.io/public-key and meshd.io/endpoint, pod
+// CIDR) and one status update (InternalIP, Ready). It returns the first
+// error.
+func (tb *Testbed) CreateFakeNodes(ctx context.Context, nodes []FakeNode, parallel int) error {
+	if err := tb.EnsureFakeBlackhole(ctx); err != nil {
+		return err
+	}
+	kc, err := tb.fastKube()
+	if err != nil {
+		return err
+	}
+	if parallel < 1 {
+		parallel = 1
+	}
+	work := make(chan FakeNode)
+	errc := make(chan error, len(nodes))
+	var wg sync.WaitGroup
+	for w := 0; w < parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range work {
+				errc <- tb.createFakeNode(ctx, kc, f)
+			}
+		}()
+	}
+	for _, f := range nodes {
+		work <- f
+	}
+	close(work)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, f FakeNode) error {
+	obj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: f.Name,
+			Labels: map[string]string{
+				LabelRegion:              f.Region,
+				"kubernetes.io/hostname": f.Name,
+				"kubernetes.io/os":       "linux",
+				"e2e.meshd.io/fake":      "true",
+			},
+			Annotations: map[string]string{
+				AnnotationPublicKey: f.PublicKey.String(),
+				AnnotationEndpoint:  f.Endpoint.String(),
+			},
+		},
+		Spec: corev1.NodeSpec{PodCIDR: f.PodCIDR.String(), PodCIDRs: []string{f.PodCIDR.String()}},
+	}
+	created, err := kc.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating fake Node %s: %w", f.Name, err)
+	}
+	now := metav1.Now()
+	created.Status = corev1.NodeStatus{
+		Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: f.InternalIP.String()},
+			{Type: corev1.NodeHostName, Address: f.Name},
+		},
+		Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "fake node of the meshd e2e testbed", LastHeartbeatTime: now, LastTransitionTime: now,
+		}},
+	}
+	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("setting status of fake Node %s: %w", f.Name, err)
+	}
+	return nil
+}
