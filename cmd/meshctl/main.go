@@ -91,7 +91,7 @@ otherwise meshctl computes a different mesh than the nodes do.`,
 	f.DurationVar(&e.s.timeout, "request-timeout", 30*time.Second, "time limit for reading the cluster")
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))
 
-	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newVersionCommand(e))
+	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
 	return root
 }
 

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// side is one cluster of a link, as given by --from-*/--to-* flags.
+type side struct {
+	kubeconfig   string
+	name         string
+	server       string
+	serviceCIDRs []string
+	meshCIDRs    []string
+	granularity  string
+	topology     string
+	port         int
+}
+
+func (s *side) flags(c *cobra.Command, prefix, which string) {
+	f := c.Flags()
+	f.StringVar(&s.kubeconfig, prefix+"kubeconfig", "", "kubeconfig of the "+which+" cluster (required)")
+	f.StringVar(&s.name, prefix+"name", "", "name of the "+which+" cluster (DNS label; default: its kubeconfig's current context)")
+	f.StringVar(&s.server, prefix+"server", "", "API server URL of the "+which+" cluster as the other cluster's nodes reach it (default: the kubeconfig's)")
+	f.StringSliceVar(&s.serviceCIDRs, prefix+"service-cidr", nil, "service CIDR(s) of the "+which+" cluster, routed to the other cluster")
+	f.StringSliceVar(&s.meshCIDRs, prefix+"mesh-cidr", []string{"10.4.0.0/16"}, "meshd --mesh-cidr of the "+which+" cluster")
+	f.StringVar(&s.granularity, prefix+"mesh-granularity", string(mesh.GranularityLocation), "meshd --mesh-granularity of the "+which+" cluster")
+	f.StringVar(&s.topology, prefix+"topology-label", k8s.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster")
+	f.IntVar(&s.port, prefix+"port", mesh.DefaultPort, "meshd --port of the "+which+" cluster")
+}
+
+// settings validates the side's flags.
+func (s *side) settings(flag string) (k8s.LinkSettings, error) {
+	var errs []error
+	if s.kubeconfig == "" {
+		errs = append(errs, fmt.Errorf("--%skubeconfig is required", flag))
+	}
+	if s.name == "" && s.kubeconfig != "" {
+		if raw, err := clientcmd.LoadFromFile(s.kubeconfig); err == nil {
+			s.name = dnsLabel(raw.CurrentContext)
+		}
+	}
+	ls := k8s.LinkSettings{Name: s.name, Granularity: mesh.Granularity(s.granularity), TopologyLabel: s.topology, Port: s.port}
+	if ls.Name == "" {
+		errs = append(errs, fmt.Errorf("--%sname is required (the kubeconfig has no usable current context)", flag))
+	}
+	if ls.Granularity != mesh.GranularityLocation && ls.Granularity != mesh.GranularityFull {
+		errs = append(errs, fmt.Errorf("--%smesh-granularity %q: want location or full", flag, s.granularity))
+	}
+	parse := func(name string, ss []string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, v := range ss {
+			p, err := netip.ParsePrefix(strings.TrimSpace(v))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--%s%s %q: %w", flag, name, v, err))
+				continue
+			}
+			out = append(out, p.Masked())
+		}
+		return out
+	}
+	ls.ServiceCIDRs = parse("service-cidr", s.serviceCIDRs)
+	ls.MeshCIDRs = parse("mesh-cidr", s.meshCIDRs)
+	return ls, errors.Join(errs...)
+}
+
+// dnsLabel makes a context name usable as a cluster name.
+func dnsLabel(s string) string {
+	s = strings.ToLower(s)
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case b.Len() > 0 && !strings.HasSuffix(b.String(), "-"):
+			b.WriteByte('-')
+		}
+	}
+	out := strings.Trim(b.String(), "-")
+	if len(out) > 40 {
+		out = strings.Trim(out[:40], "-")
+	}
+	return out
+}
+
+// overlaps reports the ranges the two clusters share (they must not).
+func overlaps(a, b k8s.LinkSettings) []string {
+	var out []string
+	for _, p := range append(a.MeshCIDRs, a.ServiceCIDRs...) {
+		for _, q := range append(b.MeshCIDRs, b.ServiceCIDRs...) {
+			if p.Overlaps(q) {
+				out = append(out, fmt.Sprintf("%s of %s overlaps %s of %s", p, a.Name, q, b.Name))
+			}
+		}
+	}
+	return out
+}
+
+func newLinkCommand(e *env) *cobra.Command {
+	var from, to side
+	var oneWay bool
+	c := &cobra.Command{
+		Use:   "link --from-kubeconfig K1 --to-kubeconfig K2",
+		Short: "Peer two clusters automatically: each cluster's meshd keeps the other's leaders as peers",
+		Long: `link gives each cluster read-only credentials for the other: in each it creates
+a ServiceAccount with a ClusterRole that can only read Nodes, and in the other a
+Secret (meshd-link-<name>, labelled meshd.io/cluster-link=true, in
+--lease-namespace) with a kubeconfig for it. meshd (--cluster-links, on by
+default) then keeps the remote cluster's location leaders as WireGuard peers by
+itself: nodes added, removed, re-keyed or a leader change there reach this
+cluster within seconds, with no loop to re-run.
+
+The clusters' pod, service and mesh CIDRs must not overlap; meshd drops and
+reports (Event on the link Secret, log line) any remote range that overlaps a
+local one.`,
+		Example: `  meshctl link --from-kubeconfig k1.yaml --from-name east --from-service-cidr 10.96.0.0/12 --from-mesh-cidr 10.4.0.0/16 \
+               --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs, err1 := from.settings("from-")
+			ts, err2 := to.settings("to-")
+			if err := errors.Join(err1, err2); err != nil {
+				return usageError{err}
+			}
+			if fs.Name == ts.Name {
+				return usageError{fmt.Errorf("both clusters are named %q: set --from-name and --to-name", fs.Name)}
+			}
+			if o := overlaps(fs, ts); len(o) > 0 {
+				return fmt.Errorf("the clusters' ranges overlap, refusing to link:\n  %s", strings.Join(o, "\n  "))
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
+			defer cancel()
+			fc, err := e.newClients(from.kubeconfig)
+			if err != nil {
+				return err
+			}
+			tc, err := e.newClients(to.kubeconfig)
+			if err != nil {
+				return err
+			}
+			ns := e.s.leaseNamespace
+			if err := k8s.GrantLink(ctx, fc, fs, from.server, tc, ns); err != nil {
+				return fmt.Errorf("letting %s read %s: %w", ts.Name, fs.Name, err)
+			}
+			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", ts.Name, fs.Name, ns, k8s.LinkSecretPrefix, fs.Name, ts.Name)
+			if oneWay {
+				return nil
+			}
+			if err := k8s.GrantLink(ctx, tc, ts, to.server, fc, ns); err != nil {
+				return fmt.Errorf("letting %s read %s: %w", fs.Name, ts.Name, err)
+			}
+			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", fs.Name, ts.Name, ns, k8s.LinkSecretPrefix, ts.Name, fs.Name)
+			return nil
+		},
+	}
+	from.flags(c, "from-", "first")
+	to.flags(c, "to-", "second")
+	c.Flags().BoolVar(&oneWay, "one-way", false, "only let the second cluster peer with the first (the other direction is linked separately)")
+	return c
+}
+
+func newUnlinkCommand(e *env) *cobra.Command {
+	var from, to side
+	c := &cobra.Command{
+		Use:   "unlink --from-kubeconfig K1 --to-kubeconfig K2",
+		Short: "Undo link: remove the link Secrets and revoke the reader tokens in both clusters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs, err1 := from.settings("from-")
+			ts, err2 := to.settings("to-")
+			if err := errors.Join(err1, err2); err != nil {
+				return usageError{err}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
+			defer cancel()
+			fc, err := e.newClients(from.kubeconfig)
+			if err != nil {
+				return err
+			}
+			tc, err := e.newClients(to.kubeconfig)
+			if err != nil {
+				return err
+			}
+			ns := e.s.leaseNamespace
+			err = errors.Join(k8s.RevokeLink(ctx, fc, fs.Name, tc, ns), k8s.RevokeLink(ctx, tc, ts.Name, fc, ns))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "clusters %s and %s unlinked\n", fs.Name, ts.Name)
+			return nil
+		},
+	}
+	from.flags(c, "from-", "first")
+	to.flags(c, "to-", "second")
+	return c
+}
