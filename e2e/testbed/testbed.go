@@ -85,9 +85,9 @@ type Testbed struct {
 	// the shipped RBAC is enough for meshd.
 	MeshdKubeconfig string
 	Token           string
-	RESTConfig *rest.Config
-	Kube       kubernetes.Interface
-	Dynamic    dynamic.Interface
+	RESTConfig      *rest.Config
+	Kube            kubernetes.Interface
+	Dynamic         dynamic.Interface
 
 	RouterNS string // PREFIX+"router"
 	CPNS     string // PREFIX+"cp"
@@ -98,6 +98,7 @@ type Testbed struct {
 	locations map[string]*Location
 	nodes     map[string]*Node
 	externals map[string]*External
+	clusters  []*Cluster // extra clusters (AddCluster), per scenario
 	nextNode  int
 	nextExt   int
 	lockFile  *os.File
