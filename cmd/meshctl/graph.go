@@ -145,7 +145,7 @@ func renderGraph(m *model) string {
 // handshakes from: a JSON object mapping a remote public key to the Unix
 // time (seconds) of the latest handshake with it, published by meshd on its
 // Node. (Not published by meshd yet; see docs/meshctl.md.)
-const AnnotationHandshakes = k8s.AnnotationPrefix + "handshakes"
+const AnnotationHandshakes = k8s.AnnotationHandshakes
 
 // handshakes parses a node's meshd.io/handshakes annotation.
 func handshakes(m *model, node string) (map[wgtypes.Key]time.Time, error) {

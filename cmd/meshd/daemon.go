@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
-	"sync/atomic"
+	"slices"
 	"time"
 
 	"github.com/oklog/run"
@@ -133,10 +134,35 @@ func (d *daemon) enqueue() { d.queue.AddAfter(queueKey, coalesceDelay) }
 
 func (d *daemon) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { d.enqueue() },
-		UpdateFunc: func(old, cur any) { d.enqueue() },
+		AddFunc: func(any) { d.enqueue() },
+		UpdateFunc: func(old, cur any) {
+			if o, ok := old.(*corev1.Node); ok {
+				if n, ok := cur.(*corev1.Node); ok && !nodeChanged(o, n) {
+					return // kubelet status heartbeats, handshake times: nothing to plan
+				}
+			}
+			d.enqueue()
+		},
 		DeleteFunc: func(any) { d.enqueue() },
 	}
+}
+
+// nodeChanged reports whether an update touches anything the plan reads:
+// labels, annotations (but for handshake times), pod CIDRs and addresses.
+// The periodic resync still reconciles everything.
+func nodeChanged(old, cur *corev1.Node) bool {
+	if !maps.Equal(old.Labels, cur.Labels) ||
+		old.Spec.PodCIDR != cur.Spec.PodCIDR || !slices.Equal(old.Spec.PodCIDRs, cur.Spec.PodCIDRs) ||
+		!slices.Equal(old.Status.Addresses, cur.Status.Addresses) ||
+		len(old.Annotations) != len(cur.Annotations) {
+		return true
+	}
+	for k, v := range old.Annotations {
+		if w, ok := cur.Annotations[k]; !ok || (v != w && k != k8s.AnnotationHandshakes) {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
@@ -305,9 +331,3 @@ func (d *daemon) Close(cleanupAll bool) error {
 	errs = append(errs, d.device.Close())
 	return errors.Join(errs...)
 }
-
-// compile-time checks of the helpers the reconciler uses.
-var (
-	_ = corev1.NodeInternalIP
-	_ atomic.Bool
-)

@@ -362,6 +362,14 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	}
 	if stats, err := r.device.Stats(); err == nil {
 		pub.DiscoveredEndpoints = discovered(stats, time.Now())
+		for _, st := range stats {
+			if !st.LastHandshake.IsZero() {
+				if pub.Handshakes == nil {
+					pub.Handshakes = map[wgtypes.Key]time.Time{}
+				}
+				pub.Handshakes[st.PublicKey] = st.LastHandshake
+			}
+		}
 	}
 	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
 	return err

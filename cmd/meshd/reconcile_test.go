@@ -241,3 +241,30 @@ func indexOf(s, sub string) int {
 	}
 	return -1
 }
+
+// TestNodeChangedIgnoresHeartbeats: kubelet status heartbeats and handshake
+// times must not trigger reconciles; anything the plan reads must.
+func TestNodeChangedIgnoresHeartbeats(t *testing.T) {
+	base := testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t))
+	base.Annotations[k8s.AnnotationHandshakes] = `{}`
+	same := base.DeepCopy()
+	same.ResourceVersion = "42"
+	same.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
+	same.Annotations[k8s.AnnotationHandshakes] = `{"x":1}`
+	if nodeChanged(base, same) {
+		t.Error("a status heartbeat or a handshake time counted as a change")
+	}
+	for name, mutate := range map[string]func(n *corev1.Node){
+		"label":      func(n *corev1.Node) { n.Labels["topology.kubernetes.io/region"] = "b" },
+		"annotation": func(n *corev1.Node) { n.Annotations[k8s.AnnotationLeader] = "true" },
+		"key":        func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = "x" },
+		"podCIDRs":   func(n *corev1.Node) { n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd42::/64") },
+		"address":    func(n *corev1.Node) { n.Status.Addresses[0].Address = "198.51.100.99" },
+	} {
+		n := base.DeepCopy()
+		mutate(n)
+		if !nodeChanged(base, n) {
+			t.Errorf("%s change not seen", name)
+		}
+	}
+}

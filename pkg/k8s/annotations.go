@@ -47,6 +47,12 @@ const (
 	// key to the "ip:port" learned from its handshakes (set by meshd).
 	AnnotationDiscoveredEndpoints = AnnotationPrefix + "discovered-endpoints"
 
+	// AnnotationHandshakes is set by meshd on leaders: a JSON object mapping
+	// each WireGuard peer's public key to the Unix time (seconds, rounded
+	// down to the minute to keep Node writes rare) of its latest handshake.
+	// meshctl status reads it; it never affects the plan.
+	AnnotationHandshakes = AnnotationPrefix + "handshakes"
+
 	// FieldManager is the field manager of meshd's writes.
 	FieldManager = "meshd"
 
@@ -64,6 +70,7 @@ func PublishedAnnotations() []string {
 		AnnotationInternalIP,
 		AnnotationWireGuardIP,
 		AnnotationDiscoveredEndpoints,
+		AnnotationHandshakes,
 	}
 }
 

@@ -173,9 +173,10 @@ func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
 }
 
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
-// `from` a ServiceAccount, a ClusterRole reading Nodes only, its binding and a
-// token (TokenRequest API, bound to an anchor Secret), and in `to` the link Secret with a kubeconfig for that token
-// and `from`'s settings. server is the API address `to`'s nodes use to reach
+// `from` a ServiceAccount, a ClusterRole reading Nodes only and its binding,
+// requests a token for it (TokenRequest API, bound to an anchor Secret; no
+// kube-controller-manager needed), and creates in `to` the link Secret with a
+// kubeconfig for that token and `from`'s settings. server is the API address `to`'s nodes use to reach
 // `from` (default: from's own client address).
 func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, namespace string) error {
 	if err := validName(fromSettings.Name); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +25,8 @@ type Published struct {
 	InternalIPs         []netip.Addr
 	WireGuardIPs        []netip.Addr
 	DiscoveredEndpoints map[wgtypes.Key]netip.AddrPort
+	// Handshakes are the latest handshake times per peer (for meshctl status).
+	Handshakes map[wgtypes.Key]time.Time
 }
 
 // NodeAnnotations renders pub as the annotations meshd owns. Every owned
@@ -53,6 +56,19 @@ func NodeAnnotations(pub Published) map[string]string {
 			b, err := json.Marshal(m) // sorted keys: stable output
 			if err == nil {
 				out[AnnotationDiscoveredEndpoints] = string(b)
+			}
+		}
+	}
+	if len(pub.Handshakes) > 0 {
+		m := make(map[string]int64, len(pub.Handshakes))
+		for k, v := range pub.Handshakes {
+			if !v.IsZero() {
+				m[k.String()] = v.Unix() / 60 * 60
+			}
+		}
+		if len(m) > 0 {
+			if b, err := json.Marshal(m); err == nil {
+				out[AnnotationHandshakes] = string(b)
 			}
 		}
 	}

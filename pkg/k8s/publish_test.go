@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +32,7 @@ func TestNodeAnnotationsRoundTrip(t *testing.T) {
 	}
 	a := NodeAnnotations(pub)
 	for k := range a {
-		if k != AnnotationPublicKey && k != AnnotationEndpoint && k != AnnotationInternalIP && k != AnnotationWireGuardIP && k != AnnotationDiscoveredEndpoints {
+		if k != AnnotationPublicKey && k != AnnotationEndpoint && k != AnnotationInternalIP && k != AnnotationWireGuardIP && k != AnnotationDiscoveredEndpoints && k != AnnotationHandshakes {
 			t.Errorf("unexpected annotation %s", k)
 		}
 	}
@@ -50,6 +51,11 @@ func TestNodeAnnotationsRoundTrip(t *testing.T) {
 	// Rendering is deterministic.
 	if !reflect.DeepEqual(a, NodeAnnotations(pub)) {
 		t.Error("NodeAnnotations is not deterministic")
+	}
+	// Handshake times are published rounded down to the minute.
+	pub.Handshakes = map[wgtypes.Key]time.Time{k2: time.Unix(1700000099, 0)}
+	if got, want := NodeAnnotations(pub)[AnnotationHandshakes], `{"`+k2.PublicKey().String()+`":1700000040}`; got != want && got != `{"`+k2.String()+`":1700000040}` {
+		t.Errorf("handshakes annotation %s, want %s", got, want)
 	}
 	// The zero value renders every owned annotation empty.
 	for k, v := range NodeAnnotations(Published{}) {
