@@ -201,6 +201,24 @@ func TestDrift(t *testing.T) {
 	if n1.Meshd().Exited() || n1.Meshd().Pid() != pid {
 		t.Errorf("meshd on %s restarted", n1.Name)
 	}
+
+	// The interface itself deleted by hand: meshd opens it again (same key,
+	// same peers) and restores the routes through it, without a restart.
+	if out, err := n1.Exec(ctx, "ip", "link", "del", "meshd0"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	t1 := time.Now()
+	s.pingEventually(pod(n1), pod(n2).IP, 20*time.Second)
+	t.Logf("traffic back %s after the WireGuard interface was deleted", time.Since(t1).Round(time.Millisecond))
+	s.eventually(10*time.Second, 200*time.Millisecond, "routes through the new interface restored", func() error {
+		if r := routes(); strings.Join(r, "\n") != strings.Join(routesBefore, "\n") {
+			return fmt.Errorf("table 51820:\n%s\nwant:\n%s", strings.Join(r, "\n"), strings.Join(routesBefore, "\n"))
+		}
+		return nil
+	})
+	if n1.Meshd().Exited() || n1.Meshd().Pid() != pid {
+		t.Errorf("meshd on %s restarted", n1.Name)
+	}
 }
 
 // Scenario 8: node removal. After deleting a Node object, within one resync

@@ -43,7 +43,7 @@ type daemon struct {
 	nodes, peers, leases cache.SharedIndexInformer
 	queue                workqueue.TypedRateLimitingInterface[string]
 	routes               *route.Manager
-	device               *wg.Device
+	device               *device
 	links                *k8s.LinkWatcher
 }
 
@@ -65,7 +65,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if mtu == 0 {
 		mtu = facts.wireGuardMTU()
 	}
-	dev, err := wg.Open(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
+	dev, err := openDevice(context.Background(), log, wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
