@@ -61,6 +61,6 @@ func (d *device) Set(cfg wg.Config) error {
 }
 
 func (d *device) Stats() ([]wg.PeerStats, error) { return d.current().Stats() }
-func (d *device) Kind() string                    { return d.current().Kind() }
-func (d *device) Close() error                    { return d.current().Close() }
-func (d *device) Delete() error                   { return d.current().Delete() }
+func (d *device) Kind() string                   { return d.current().Kind() }
+func (d *device) Close() error                   { return d.current().Close() }
+func (d *device) Delete() error                  { return d.current().Delete() }
