@@ -49,7 +49,7 @@ func (tb *Testbed) RegisterNode(ctx context.Context, n *Node) error {
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels, Annotations: n.Opts.Annotations},
 		Spec:       corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
 	}
-	created, err := tb.Kube.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
+	created, err := n.kube().CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating Node %s: %w", n.Name, err)
 	}
@@ -66,7 +66,7 @@ func (tb *Testbed) RegisterNode(ctx context.Context, n *Node) error {
 			Message: "simulated by the meshd e2e testbed", LastHeartbeatTime: now, LastTransitionTime: now,
 		}},
 	}
-	if _, err := tb.Kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	if _, err := n.kube().CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("setting status of Node %s: %w", n.Name, err)
 	}
 	return nil
@@ -98,6 +98,10 @@ func (tb *Testbed) Reset(ctx context.Context) error {
 			bridges = append(bridges, l.Bridge)
 		}
 	}
+	for _, c := range tb.clusters { // their processes are in procs
+		nss = append(nss, c.NS)
+	}
+	tb.clusters = nil
 	tb.nodes = map[string]*Node{}
 	tb.externals = map[string]*External{}
 	tb.locations = map[string]*Location{}
@@ -132,6 +136,7 @@ func (tb *Testbed) Reset(ctx context.Context) error {
 	}
 	keep(os.RemoveAll(filepath.Join(tb.Dir, "nodes")))
 	keep(os.RemoveAll(filepath.Join(tb.Dir, "externals")))
+	keep(os.RemoveAll(filepath.Join(tb.Dir, "clusters")))
 	keep(tb.DeleteAllObjects(ctx))
 	return firstErr
 }

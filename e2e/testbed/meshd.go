@@ -18,14 +18,18 @@ import (
 // MeshdArgs are the flags the testbed gives meshd on node n before extra
 // (later flags win, so extra may override e.g. --mesh-granularity).
 func (n *Node) MeshdArgs(extra ...string) []string {
+	kubeconfig, meshCIDR, serviceCIDR := n.tb.MeshdKubeconfig, MeshCIDR, ServiceCIDR
+	if c := n.Cluster; c != nil {
+		kubeconfig, meshCIDR, serviceCIDR = c.MeshdKubeconfig, c.MeshCIDR, c.ServiceCIDR
+	}
 	args := []string{
-		"--kubeconfig", n.tb.MeshdKubeconfig,
+		"--kubeconfig", kubeconfig,
 		"--hostname", n.Name,
 		"--state-dir", filepath.Join(n.Dir, "state"),
 		"--listen", "127.0.0.1:9477",
 		"--resync-period", "5s",
-		"--mesh-cidr", MeshCIDR,
-		"--service-cidr", ServiceCIDR,
+		"--mesh-cidr", meshCIDR,
+		"--service-cidr", serviceCIDR,
 		"--lease-namespace", LeaseNamespace,
 		"--log-level", "debug",
 	}
@@ -242,6 +246,9 @@ func (n *Node) Diagnostics(ctx context.Context, logLines int) string {
 		pods += " " + n.PodCIDR6.String()
 	}
 	fmt.Fprintf(&b, "===== node %s (netns %s, location %s, underlay %s, pods %s; shell: %s/exec)\n", n.Name, n.NS, n.Location.Name, n.IP, pods, n.Dir)
+	if n.Cluster != nil {
+		fmt.Fprintf(&b, "----- cluster %s (%s; kubectl: %s/kubectl)\n", n.Cluster.Name, n.Cluster.APIServer(), n.Cluster.Dir)
+	}
 	fmt.Fprintf(&b, "----- meshd log %s (last %d lines)\n%s\n", n.MeshdLog(), logLines, tail(n.MeshdLog(), logLines))
 	if n.device != nil {
 		fmt.Fprintf(&b, "----- meshd device log (last 20 lines)\n%s\n", tail(n.device.LogPath, 20))

@@ -180,6 +180,11 @@ type NodeOptions struct {
 	Annotations map[string]string
 	// NoRegister skips creating the Node object.
 	NoRegister bool
+	// Cluster is the extra cluster (AddCluster) the node belongs to; nil
+	// means the main cluster. It sets the node's kubeconfig, pod network
+	// (10.<PodOctet>.N.0/24), mesh and service CIDRs. IPv4 only: do not
+	// combine with DualStack.
+	Cluster *Cluster
 }
 
 // Node is a simulated Kubernetes node: a network namespace PREFIX+name with
@@ -199,6 +204,7 @@ type Node struct {
 	PodCIDR  netip.Prefix // 10.42.N.0/24
 	PodCIDR6 netip.Prefix // fd42:0:0:N::/64 (dual stack only)
 	Opts     NodeOptions
+	Cluster  *Cluster // nil: the main cluster
 
 	pods       []*Pod
 	meshd      *Proc
@@ -252,6 +258,10 @@ func (tb *Testbed) AddNode(ctx context.Context, o NodeOptions) (*Node, error) {
 		IP6:      addrAdd(l.Subnet6.Addr(), 0x10+k),
 		PodCIDR:  netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 42, byte(idx), 0}), 24),
 		Opts:     o,
+		Cluster:  o.Cluster,
+	}
+	if o.Cluster != nil {
+		n.PodCIDR = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(o.Cluster.PodOctet), byte(idx), 0}), 24)
 	}
 	if o.DualStack {
 		n.PodCIDR6 = netip.MustParsePrefix(fmt.Sprintf("fd42:0:0:%x::/64", idx))

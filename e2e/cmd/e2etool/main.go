@@ -8,6 +8,7 @@
 //	e2etool send [-timeout D] ADDR BYTES
 //	                              send BYTES pseudo-random bytes, half-close,
 //	                              and check the answer; exit 1 on mismatch
+//	e2etool http ADDR TEXT        serve HTTP: every request gets "TEXT\n"
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -52,13 +54,23 @@ func main() {
 			fmt.Fprintln(os.Stderr, "send:", err)
 			os.Exit(1)
 		}
+	case "http":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		text := os.Args[3] + "\n"
+		log.Printf("serving HTTP on %s", os.Args[2])
+		log.Fatal(http.ListenAndServe(os.Args[2], http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			log.Printf("HTTP %s %s from %s", r.Method, r.URL, r.RemoteAddr)
+			_, _ = io.WriteString(w, text)
+		})))
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES")
+	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES | e2etool http ADDR TEXT")
 	os.Exit(2)
 }
 
