@@ -505,7 +505,7 @@ func TestMultiClusterLink(t *testing.T) {
 	// 10.96.0.0/12.
 	const overlapping = "10.97.0.0/16"
 	bad := linkSettings("overlap", overlapping, c2MeshCIDR)
-	if err := k8s.GrantLink(ctx, s.clients(b.c2.RESTConfig), bad, "", s.clients(tb.RESTConfig), testbed.LeaseNamespace); err != nil {
+	if err := k8s.GrantLink(ctx, s.clients(b.c2.RESTConfig), bad, "", s.clients(tb.RESTConfig), "cluster1", testbed.LeaseNamespace); err != nil {
 		t.Fatal(err)
 	}
 	secret := k8s.LinkSecretPrefix + "overlap"

@@ -157,6 +157,8 @@ type model struct {
 	Leases map[string]bool
 	// Topo is the cluster-wide topology (no local node).
 	Topo *mesh.Topology
+	// Notes are problems worth a line on stderr.
+	Notes []string
 }
 
 // pskPlaceholder stands for a preshared key meshctl does not read: Peers
@@ -185,6 +187,7 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 		Secret:  func(_, _, _ string) ([]byte, error) { return pskPlaceholder, nil },
 		Resolve: resolve,
 	})
+	m.Notes = outsideMeshCIDR(m.Input.Nodes, opts.MeshCIDRs)
 	if s.Leases != nil {
 		m.Live, m.Leases = liveness(s.Leases, set.leaseDuration, now)
 	}
@@ -194,6 +197,25 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 	}
 	m.Topo = t
 	return m, nil
+}
+
+// outsideMeshCIDR notes mesh IPs the nodes published outside --mesh-cidr: the
+// flags then do not match the cluster's meshd, and the computed mesh IPs
+// would be wrong.
+func outsideMeshCIDR(nodes []mesh.Node, cidrs []netip.Prefix) []string {
+	var notes []string
+	for _, n := range nodes {
+		for _, ip := range n.WireGuardIPs {
+			inside := false
+			for _, c := range cidrs {
+				inside = inside || c.Contains(ip)
+			}
+			if !inside {
+				notes = append(notes, fmt.Sprintf("node %s publishes mesh IP %s outside --mesh-cidr %v: pass the cluster's meshd --mesh-cidr, or the output is wrong", n.Name, ip, cidrs))
+			}
+		}
+	}
+	return notes
 }
 
 // liveness judges nodes from their heartbeat Leases: live when renewed

@@ -148,14 +148,14 @@ local one.`,
 				return err
 			}
 			ns := e.s.leaseNamespace
-			if err := k8s.GrantLink(ctx, fc, fs, from.server, tc, ns); err != nil {
+			if err := k8s.GrantLink(ctx, fc, fs, from.server, tc, ts.Name, ns); err != nil {
 				return fmt.Errorf("letting %s read %s: %w", ts.Name, fs.Name, err)
 			}
 			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", ts.Name, fs.Name, ns, k8s.LinkSecretPrefix, fs.Name, ts.Name)
 			if oneWay {
 				return nil
 			}
-			if err := k8s.GrantLink(ctx, tc, ts, to.server, fc, ns); err != nil {
+			if err := k8s.GrantLink(ctx, tc, ts, to.server, fc, fs.Name, ns); err != nil {
 				return fmt.Errorf("letting %s read %s: %w", fs.Name, ts.Name, err)
 			}
 			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", fs.Name, ts.Name, ns, k8s.LinkSecretPrefix, ts.Name, fs.Name)
@@ -191,7 +191,7 @@ func newUnlinkCommand(e *env) *cobra.Command {
 				return err
 			}
 			ns := e.s.leaseNamespace
-			err = errors.Join(k8s.RevokeLink(ctx, fc, fs.Name, tc, ns), k8s.RevokeLink(ctx, tc, ts.Name, fc, ns))
+			err = errors.Join(k8s.RevokeLink(ctx, fc, fs.Name, tc, ts.Name, ns), k8s.RevokeLink(ctx, tc, ts.Name, fc, fs.Name, ns))
 			if err != nil {
 				return err
 			}

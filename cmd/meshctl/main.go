@@ -311,7 +311,14 @@ func (e *env) load(ctx context.Context) (*model, error) {
 	for _, n := range snap.Notes {
 		fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
 	}
-	return newModel(ctx, snap, opts, e.s, e.now(), e.resolve)
+	m, err := newModel(ctx, snap, opts, e.s, e.now(), e.resolve)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range m.Notes {
+		fmt.Fprintf(e.stderr, "meshctl: warning: %s\n", n)
+	}
+	return m, nil
 }
 
 func exactArgs(name string) cobra.PositionalArgs {

@@ -496,3 +496,14 @@ func TestAsPeerPrivateEndpointWarns(t *testing.T) {
 		t.Errorf("code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
+
+func TestOutsideMeshCIDRNoted(t *testing.T) {
+	nodes := []mesh.Node{
+		{Name: "in", WireGuardIPs: []netip.Addr{netip.MustParseAddr("10.4.0.7")}},
+		{Name: "out", WireGuardIPs: []netip.Addr{netip.MustParseAddr("10.5.0.3")}},
+	}
+	notes := outsideMeshCIDR(nodes, []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")})
+	if len(notes) != 1 || !strings.Contains(notes[0], "node out") || !strings.Contains(notes[0], "10.5.0.3") || !strings.Contains(notes[0], "--mesh-cidr") {
+		t.Fatalf("want one note naming node out, its IP and the flag, got %q", notes)
+	}
+}

@@ -184,7 +184,7 @@ func (r *reconciler) meshNodes(objs []*corev1.Node) ([]mesh.Node, *corev1.Node, 
 	seen := make(map[string]bool, len(objs))
 	for _, o := range objs {
 		n, problems := k8s.NodeFromObject(o, po)
-		r.report(o, "node/"+o.Name, problems)
+		r.report(o, "node/"+o.Name, "MalformedAnnotation", problems)
 		seen["node/"+o.Name] = true
 		if o.Name == r.node {
 			self = o
@@ -244,7 +244,7 @@ func (r *reconciler) meshPeers(ctx context.Context, objs []*v1alpha1.Peer) []mes
 				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
 			}
 		}
-		r.report(o, "peer/"+o.Name, problems)
+		r.report(o, "peer/"+o.Name, "InvalidPeer", problems)
 		seen["peer/"+o.Name] = true
 		if err == nil {
 			peers = append(peers, p)
@@ -305,11 +305,11 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		id := "link/" + rc.Secret.Name
 		seen[id] = true
 		if rc.Err != nil {
-			r.report(rc.Secret, id, []error{rc.Err})
+			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
 			continue
 		}
 		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
-		r.report(rc.Secret, id, problems)
+		r.report(rc.Secret, id, "RangeOverlap", problems)
 		peers = append(peers, ps...)
 	}
 	r.forgetReports("link/", seen)
@@ -318,7 +318,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 
 // report logs and records an Event for an object's problems when they
 // differ from the last report.
-func (r *reconciler) report(obj runtimeObject, id string, problems []error) {
+func (r *reconciler) report(obj runtimeObject, id, reason string, problems []error) {
 	if r.reported == nil {
 		r.reported = map[string]string{}
 	}
@@ -336,7 +336,7 @@ func (r *reconciler) report(obj runtimeObject, id string, problems []error) {
 	}
 	r.log.Warn("ignoring malformed input", "object", id, "error", text)
 	if r.events != nil {
-		r.events.Event(obj, corev1.EventTypeWarning, "MalformedInput", strings.ReplaceAll(text, "\n", "; "))
+		r.events.Event(obj, corev1.EventTypeWarning, reason, strings.ReplaceAll(text, "\n", "; "))
 	}
 }
 

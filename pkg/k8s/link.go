@@ -176,10 +176,12 @@ func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
 // `from` a ServiceAccount, a ClusterRole reading Nodes only and its binding,
 // requests a token for it (TokenRequest API, bound to an anchor Secret; no
 // kube-controller-manager needed), and creates in `to` the link Secret with a
-// kubeconfig for that token and `from`'s settings. server is the API address `to`'s nodes use to reach
-// `from` (default: from's own client address).
-func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, namespace string) error {
-	if err := validName(fromSettings.Name); err != nil {
+// kubeconfig for that token and `from`'s settings. server is the API address
+// `to`'s nodes use to reach `from` (default: from's own client address);
+// toName names `to`: each reader cluster gets its own token, so revoking one
+// link leaves the others alone.
+func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, toName, namespace string) error {
+	if err := errors.Join(validName(fromSettings.Name), validName(toName)); err != nil {
 		return err
 	}
 	if server == "" {
@@ -214,7 +216,7 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 	if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", fromSettings.Name, LinkReader, err)
 	}
-	token, err := requestLinkToken(ctx, k, namespace, labels)
+	token, err := requestLinkToken(ctx, k, namespace, LinkTokenAnchor(toName), labels)
 	if err != nil {
 		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
 	}
@@ -259,11 +261,10 @@ const LinkTokenLifetime = 365 * 24 * time.Hour
 
 // requestLinkToken returns a token of the reader ServiceAccount from the
 // TokenRequest API (no kube-controller-manager needed), bound to the anchor
-// Secret LinkReader+"-token": deleting that Secret (RevokeLink) invalidates
-// the token at once.
-func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace string, labels map[string]string) (string, error) {
+// Secret name (LinkTokenAnchor): deleting that Secret (RevokeLink)
+// invalidates the token at once.
+func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, name string, labels map[string]string) (string, error) {
 	sc := k.CoreV1().Secrets(namespace)
-	name := LinkReader + "-token"
 	anchor, err := sc.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels,
 			Annotations: map[string]string{AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
@@ -291,16 +292,20 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace str
 	return tr.Status.Token, nil
 }
 
+// LinkTokenAnchor names the Secret the link token of reader cluster toName is
+// bound to: deleting it revokes exactly that link's credentials.
+func LinkTokenAnchor(toName string) string { return LinkReader + "-token-" + toName }
+
 // RevokeLink removes what GrantLink made: the link Secret in `to`, and the
-// token anchor Secret in `from` (the reader ServiceAccount and role stay for
-// other links; deleting the anchor invalidates the tokens bound to it).
-func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, namespace string) error {
+// token anchor Secret of `to` in `from` (the reader ServiceAccount and role
+// stay for other links; deleting the anchor invalidates the token bound to it).
+func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, toName, namespace string) error {
 	var errs []error
 	if err := to.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkSecretPrefix+fromName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("deleting link Secret %s/%s%s: %w", namespace, LinkSecretPrefix, fromName, err))
 	}
 	if from != nil {
-		if err := from.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkReader+"-token", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := from.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkTokenAnchor(toName), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("cluster %s: deleting the reader token: %w", fromName, err))
 		}
 	}

@@ -43,11 +43,11 @@ func TestGrantLinkRequestsBoundToken(t *testing.T) {
 	to := &Clients{Kube: toKube, Config: &rest.Config{Host: "https://c2:6443"}}
 	settings := LinkSettings{Name: "cluster1", ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 		Granularity: mesh.GranularityLocation, MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}, Port: 51820}
-	if err := GrantLink(ctx, from, settings, "", to, ns); err != nil {
+	if err := GrantLink(ctx, from, settings, "", to, "cluster2", ns); err != nil {
 		t.Fatal(err)
 	}
 
-	anchor, err := fromKube.CoreV1().Secrets(ns).Get(ctx, LinkReader+"-token", metav1.GetOptions{})
+	anchor, err := fromKube.CoreV1().Secrets(ns).Get(ctx, LinkTokenAnchor("cluster2"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("anchor Secret: %v", err)
 	}
@@ -83,7 +83,7 @@ func TestGrantLinkRequestsBoundToken(t *testing.T) {
 		t.Errorf("link kubeconfig: host %q token %q CA %q insecure %v", cfg.Host, cfg.BearerToken, cfg.CAData, cfg.Insecure)
 	}
 
-	if err := RevokeLink(ctx, from, "cluster1", to, ns); err != nil {
+	if err := RevokeLink(ctx, from, "cluster1", to, "cluster2", ns); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fromKube.CoreV1().Secrets(ns).Get(ctx, anchor.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
