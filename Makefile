@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test unit vet fmt-check root e2e bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check root e2e bench generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -33,8 +33,12 @@ root:
 e2e: deps kube-binaries
 	$(GO) test -tags e2e -count=1 -timeout 40m -v ./e2e/...
 
+## charts: helm lint and helm template of charts/meshd (helm is built once into $(MESHD_CACHE)).
+charts:
+	./hack/helm.sh > /dev/null
+
 ## test: everything CI runs.
-test: deps fmt-check vet root e2e
+test: deps fmt-check vet root charts e2e
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...

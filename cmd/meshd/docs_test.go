@@ -167,3 +167,20 @@ func TestManifestArgsParse(t *testing.T) {
 		}
 	}
 }
+
+// TestChartCRDsMatchManifests: the Helm chart ships the same CRDs as
+// manifests/crds (copy them with `cp manifests/crds/*.yaml charts/meshd/crds/`).
+func TestChartCRDsMatchManifests(t *testing.T) {
+	root := filepath.Join("..", "..")
+	files, err := filepath.Glob(filepath.Join(root, "manifests", "crds", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in manifests/crds: %v", err)
+	}
+	for _, f := range files {
+		want, _ := os.ReadFile(f)
+		got, err := os.ReadFile(filepath.Join(root, "charts", "meshd", "crds", filepath.Base(f)))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("charts/meshd/crds/%s differs from manifests/crds (run: cp manifests/crds/*.yaml charts/meshd/crds/)", filepath.Base(f))
+		}
+	}
+}
