@@ -18,7 +18,7 @@ echo "deepcopy (controller-gen object)"
 go tool controller-gen object paths=./pkg/k8s/apis/...
 
 echo "CRDs (controller-gen crd) -> manifests/crds"
-rm -f manifests/crds/*.yaml
+rm -f manifests/crds/meshd.io_*.yaml
 go tool controller-gen crd paths=./pkg/k8s/apis/... output:crd:dir=manifests/crds
 
 inputs=()

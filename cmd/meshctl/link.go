@@ -112,7 +112,8 @@ func newLinkCommand(e *env) *cobra.Command {
 		Use:   "link --from-kubeconfig K1 --to-kubeconfig K2",
 		Short: "Peer two clusters automatically: each cluster's meshd keeps the other's leaders as peers",
 		Long: `link gives each cluster read-only credentials for the other: in each it creates
-a ServiceAccount with a ClusterRole that can only read Nodes, and in the other a
+a ServiceAccount with a read-only ClusterRole (Nodes; Services, EndpointSlices
+and ServiceExports for meshd mirror), and in the other a
 Secret (meshd-link-<name>, labelled meshd.io/cluster-link=true, in
 --lease-namespace) with a kubeconfig for it. meshd (--cluster-links, on by
 default) then keeps the remote cluster's location leaders as WireGuard peers by

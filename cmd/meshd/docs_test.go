@@ -29,6 +29,11 @@ func flagsDoc() string {
 	dfs := newDeviceFlagSet(&dc)
 	dfs.SetOutput(&b)
 	dfs.Usage()
+	b.WriteString("```\n\n## meshd mirror\n\nSee [service-mirroring.md](service-mirroring.md).\n\n```\n")
+	var mc mirrorConfig
+	mfs := newMirrorFlagSet(&mc)
+	mfs.SetOutput(&b)
+	mfs.PrintDefaults()
 	b.WriteString("```\n")
 	return b.String()
 }

@@ -26,6 +26,7 @@ Usage:
   meshd [flags]                     run the node daemon
   meshd device --interface NAME     run only a userspace WireGuard device (a sidecar that outlives meshd restarts)
   meshd cleanup [flags]             remove the interface, routes, rules and iptables chains meshd owns
+  meshd mirror [flags]              mirror exported Services of linked clusters (see meshd mirror --help)
   meshd version                     print the version
 
 Flags of the node daemon (cleanup takes the same):
@@ -45,6 +46,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return runDevice(args[1:], stderr)
 		case "cleanup":
 			return runCleanup(args[1:], stderr)
+		case "mirror":
+			return runMirror(args[1:], stderr)
 		case "version":
 			fmt.Fprintln(stdout, version)
 			return 0

@@ -173,7 +173,7 @@ func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
 }
 
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
-// `from` a ServiceAccount, a ClusterRole reading Nodes only and its binding,
+// `from` a ServiceAccount, a read-only ClusterRole (Nodes, Services, EndpointSlices, ServiceExports) and its binding,
 // requests a token for it (TokenRequest API, bound to an anchor Secret; no
 // kube-controller-manager needed), and creates in `to` the link Secret with a
 // kubeconfig for that token and `from`'s settings. server is the API address
@@ -198,7 +198,13 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 	}
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Labels: labels},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+		// Nodes for peering; Services, EndpointSlices and ServiceExports for
+		// service mirroring (meshd mirror). Read only.
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"nodes", "services"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceexports"}, Verbs: []string{"get", "list", "watch"}},
+		},
 	}
 	if _, err := k.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
 		_, err = k.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{})

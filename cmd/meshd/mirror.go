@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mirror"
+)
+
+// mirrorConfig are the settings of `meshd mirror`.
+type mirrorConfig struct {
+	Kubeconfig       string
+	RemoteKubeconfig string
+	RemoteName       string
+	Namespace        string
+	NameSuffix       bool
+	CreateNamespaces bool
+	GracePeriod      time.Duration
+	Listen           string
+	LogLevel         string
+	LeaderElect      bool
+	LeaseName        string
+	Workers          int
+}
+
+const mirrorUsage = `Usage: meshd mirror [flags]
+
+Mirrors the Services that remote clusters export (a ServiceExport of the
+same name, multicluster.x-k8s.io/v1alpha1) into this cluster: a selector-less
+Service with the same ports and EndpointSlices pointing at the remote cluster
+IP (headless: the remote pod IPs). Remote clusters are those linked with
+` + "`meshctl link`" + ` (Secrets labelled meshd.io/cluster-link=true in --namespace),
+or the one given by --remote-kubeconfig. One replica is active at a time
+(a Lease in --namespace). See docs/service-mirroring.md.
+
+`
+
+func newMirrorFlagSet(c *mirrorConfig) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("meshd mirror", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (where mirrors are written); empty uses the in-cluster config, then $KUBECONFIG")
+	fs.StringVar(&c.RemoteKubeconfig, "remote-kubeconfig", "", "kubeconfig of one remote cluster to mirror from, instead of the cluster-link Secrets")
+	fs.StringVar(&c.RemoteName, "remote-name", "", "name of the --remote-kubeconfig cluster in mirror labels and names (default: the cluster of its current context)")
+	fs.StringVar(&c.Namespace, "namespace", "meshd-system", "namespace of the cluster-link Secrets and of the leader Lease")
+	fs.BoolVar(&c.NameSuffix, "name-suffix", false, "name mirrors <name>-<cluster> (default: the source's name; the namespace is always the source's)")
+	fs.BoolVar(&c.CreateNamespaces, "create-namespaces", true, "create a source's namespace when it is missing locally; false skips those Services until it exists")
+	fs.DurationVar(&c.GracePeriod, "grace-period", 60*time.Second, "how long a remote cluster may be unreachable before its mirrors' endpoints are marked not ready")
+	fs.StringVar(&c.Listen, "listen", ":9478", "address for /metrics and /healthz")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "run only while holding the leader Lease in --namespace, so replicas never fight")
+	fs.StringVar(&c.LeaseName, "lease-name", "", "name of the leader Lease (default meshd-mirror; with --remote-kubeconfig meshd-mirror-<remote name>)")
+	fs.IntVar(&c.Workers, "workers", 2, "parallel reconciles")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), mirrorUsage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// validate checks the flags and fills in the defaults that depend on others.
+func (c *mirrorConfig) validate() error {
+	var errs []error
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if c.RemoteName != "" && c.RemoteKubeconfig == "" {
+		errs = append(errs, errors.New("--remote-name needs --remote-kubeconfig"))
+	}
+	if c.RemoteKubeconfig != "" && c.RemoteName == "" {
+		name, err := kubeconfigClusterName(c.RemoteKubeconfig)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--remote-name is not given and %w", err))
+		}
+		c.RemoteName = name
+	}
+	if c.RemoteName != "" {
+		if e := validation.IsDNS1123Label(c.RemoteName); len(e) > 0 {
+			errs = append(errs, fmt.Errorf("--remote-name %q: %s", c.RemoteName, strings.Join(e, "; ")))
+		}
+	}
+	if c.GracePeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--grace-period %s: want a positive duration", c.GracePeriod))
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers %d: want at least 1", c.Workers))
+	}
+	if c.Namespace == "" {
+		errs = append(errs, errors.New("--namespace is empty"))
+	}
+	if c.LeaseName == "" {
+		c.LeaseName = "meshd-mirror"
+		if c.RemoteName != "" {
+			c.LeaseName += "-" + c.RemoteName
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// kubeconfigClusterName is the cluster name of a kubeconfig's current context.
+func kubeconfigClusterName(path string) (string, error) {
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", path, err)
+	}
+	ctx, ok := cfg.Contexts[cfg.CurrentContext]
+	if !ok || ctx.Cluster == "" {
+		return "", fmt.Errorf("%s has no current context naming a cluster", path)
+	}
+	return ctx.Cluster, nil
+}
+
+// runMirror is `meshd mirror`.
+func runMirror(args []string, stderr io.Writer) int {
+	var mc mirrorConfig
+	fs := newMirrorFlagSet(&mc)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "meshd mirror: unexpected argument %q (see meshd mirror --help)\n", fs.Arg(0))
+		return 2
+	}
+	if err := mc.validate(); err != nil {
+		fmt.Fprintf(stderr, "meshd mirror: invalid flags:\n%v\n", err)
+		return 2
+	}
+	log := newLogger(stderr, mc.LogLevel).With("component", "mirror")
+	if err := serveMirror(&mc, log); err != nil {
+		log.Error("mirror stopped", "error", err)
+		return 1
+	}
+	log.Info("mirror stopped")
+	return 0
+}
+
+func serveMirror(mc *mirrorConfig, log *slog.Logger) error {
+	local, err := k8s.NewClients(mc.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("building the local cluster's clients: %w", err)
+	}
+	var remote *mirror.Remote
+	if mc.RemoteKubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", mc.RemoteKubeconfig)
+		if err != nil {
+			return fmt.Errorf("loading --remote-kubeconfig %s: %w", mc.RemoteKubeconfig, err)
+		}
+		r, err := mirror.NewRemote(mc.RemoteName, cfg)
+		if err != nil {
+			return err
+		}
+		remote = &r
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := mirror.NewMetrics(reg)
+	recorder, stopEvents := k8s.NewEventRecorder(local.Kube, "meshd-mirror")
+	defer stopEvents()
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	srv := &http.Server{Addr: mc.Listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	mirrorOnce := func(ctx context.Context) error {
+		return runMirrorController(ctx, log, mc, local.Kube, remote, mirror.New(log, local.Kube, recorder, metrics, mirror.Options{
+			NameSuffix:            mc.NameSuffix,
+			SkipMissingNamespaces: !mc.CreateNamespaces,
+			GracePeriod:           mc.GracePeriod,
+			Workers:               mc.Workers,
+		}))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var g run.Group
+	g.Add(func() error {
+		log.Info("serving metrics", "listen", mc.Listen)
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving %s: %w", mc.Listen, err)
+		}
+		return nil
+	}, func(error) {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		_ = srv.Shutdown(sctx)
+	})
+	g.Add(func() error {
+		if !mc.LeaderElect {
+			return mirrorOnce(ctx)
+		}
+		id := os.Getenv("POD_NAME")
+		if id == "" {
+			host, _ := os.Hostname()
+			id = host + "_" + string(uuid.NewUUID())
+		}
+		return mirror.RunLeaderElected(ctx, log, local.Kube, mirror.LeaderElection{
+			Namespace: mc.Namespace, Name: mc.LeaseName, Identity: id,
+		}, mirrorOnce)
+	}, func(error) { cancel() })
+	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+	err = g.Run()
+	var sig run.SignalError
+	if err != nil && !errors.As(err, &sig) && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// runMirrorController runs c over the remote cluster, or over the linked
+// clusters, until ctx ends.
+func runMirrorController(ctx context.Context, log *slog.Logger, mc *mirrorConfig, local kubernetes.Interface, remote *mirror.Remote, c *mirror.Controller) error {
+	if remote != nil {
+		if err := c.AddRemote(*remote); err != nil {
+			return err
+		}
+		log.Info("mirroring one remote cluster", "cluster", remote.Name, "kubeconfig", mc.RemoteKubeconfig)
+		return c.Run(ctx)
+	}
+	log.Info("mirroring linked clusters", "namespace", mc.Namespace)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- c.WatchLinks(ctx, local, mc.Namespace) }()
+	err := c.Run(ctx)
+	cancel()
+	return errors.Join(err, <-errc)
+}

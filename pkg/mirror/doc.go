@@ -1,0 +1,19 @@
+// Package mirror mirrors exported Services of remote clusters into the local
+// cluster. A Service of a remote (source) cluster is exported when a
+// multicluster.x-k8s.io ServiceExport of the same name and namespace exists
+// next to it; its mirror in the local cluster is a selector-less Service with
+// the same ports and EndpointSlices pointing at the remote cluster IP (or, for
+// a headless Service, at the remote pod IPs), which the mesh routes.
+//
+// The Controller follows the sample-controller pattern: informers on the
+// remote Services, ServiceExports and EndpointSlices of every remote cluster
+// and on the local mirrors feed one rate-limited workqueue keyed by
+// cluster/namespace/name, and one reconcile compares the desired mirror with
+// the actual one. meshd never changes or deletes a Service it did not create:
+// a name clash is reported (Event, log, metric) and skipped. A remote cluster
+// that stops answering keeps its mirrors; after a grace period their
+// endpoints are marked not ready until it answers again.
+//
+// Remote clusters come from the cluster-link Secrets (WatchLinks) or are
+// added directly (AddRemote). RunLeaderElected keeps one active replica.
+package mirror

@@ -1,0 +1,107 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// LeaderElection names the coordination Lease that keeps one replica of the
+// mirror active.
+type LeaderElection struct {
+	Namespace, Name string
+	// Identity is this replica's (e.g. the pod name).
+	Identity string
+	// Durations; zero takes 15s, 10s and 2s.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// ErrLostLease is returned when this replica stops leading before ctx ends.
+var ErrLostLease = errors.New("lost the leader Lease")
+
+// RunLeaderElected runs run while this replica holds the Lease. It returns
+// when ctx ends (releasing the Lease) or, with ErrLostLease, when the Lease
+// is lost; run's context is cancelled first and run has returned.
+func RunLeaderElected(ctx context.Context, log *slog.Logger, kube kubernetes.Interface, le LeaderElection, run func(context.Context) error) error {
+	if le.LeaseDuration == 0 {
+		le.LeaseDuration = 15 * time.Second
+	}
+	if le.RenewDeadline == 0 {
+		le.RenewDeadline = 10 * time.Second
+	}
+	if le.RetryPeriod == 0 {
+		le.RetryPeriod = 2 * time.Second
+	}
+	var (
+		mu      sync.Mutex
+		stopped bool
+		running bool
+		runErr  error
+		ended   bool // run returned by itself
+		done    = make(chan struct{})
+	)
+	ectx, ecancel := context.WithCancel(ctx)
+	defer ecancel()
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: le.Namespace, Name: le.Name},
+		Client:     kube.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: le.Identity},
+	}
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, Name: le.Name, ReleaseOnCancel: true,
+		LeaseDuration: le.LeaseDuration, RenewDeadline: le.RenewDeadline, RetryPeriod: le.RetryPeriod,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				mu.Lock()
+				if stopped {
+					mu.Unlock()
+					return
+				}
+				running = true
+				mu.Unlock()
+				defer close(done)
+				log.Info("leading: mirroring", "lease", le.Namespace+"/"+le.Name, "identity", le.Identity)
+				err := run(lctx)
+				mu.Lock()
+				runErr, ended = err, lctx.Err() == nil
+				mu.Unlock()
+				ecancel() // release the Lease
+
+			},
+			OnStoppedLeading: func() {},
+			OnNewLeader: func(id string) {
+				if id != le.Identity {
+					log.Info("another replica leads; standing by", "lease", le.Namespace+"/"+le.Name, "leader", id)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("setting up leader election on Lease %s/%s: %w", le.Namespace, le.Name, err)
+	}
+	elector.Run(ectx)
+	mu.Lock()
+	stopped = true
+	wasRunning := running
+	mu.Unlock()
+	if wasRunning {
+		<-done
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runErr != nil {
+		return runErr
+	}
+	if ctx.Err() == nil && wasRunning && !ended {
+		return fmt.Errorf("lease %s/%s: %w", le.Namespace, le.Name, ErrLostLease)
+	}
+	return nil
+}
