@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -258,7 +259,11 @@ func (d *daemon) Run(ctx context.Context) error {
 // work is the single worker: it waits for the caches, then reconciles
 // whenever asked, backing off on errors.
 func (d *daemon) work(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), d.nodes.HasSynced, d.peers.HasSynced, d.leases.HasSynced) {
+	// Poll the caches every 10 ms (WaitForCacheSync's 100 ms would add up to
+	// that much to every cold start).
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced(), nil
+	}); err != nil {
 		return ctx.Err()
 	}
 	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind())
@@ -274,6 +279,9 @@ func (d *daemon) work(ctx context.Context) error {
 			d.queue.AddRateLimited(key)
 		} else {
 			d.queue.Forget(key)
+		}
+		if due, ok := d.device.HandshakeCheckDue(); ok {
+			d.queue.AddAfter(key, due) // retry first handshakes that collided
 		}
 		d.queue.Done(key)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -61,6 +62,10 @@ func (d *device) Set(cfg wg.Config) error {
 }
 
 func (d *device) Stats() ([]wg.PeerStats, error) { return d.current().Stats() }
-func (d *device) Kind() string                   { return d.current().Kind() }
-func (d *device) Close() error                   { return d.current().Close() }
-func (d *device) Delete() error                  { return d.current().Delete() }
+
+// HandshakeCheckDue says when to reconcile again to retry first handshakes
+// that collided (see wg.Device.HandshakeCheckDue).
+func (d *device) HandshakeCheckDue() (time.Duration, bool) { return d.current().HandshakeCheckDue() }
+func (d *device) Kind() string                             { return d.current().Kind() }
+func (d *device) Close() error                             { return d.current().Close() }
+func (d *device) Delete() error                            { return d.current().Delete() }

@@ -46,7 +46,35 @@ type Device struct {
 	last   map[wgtypes.Key]netip.AddrPort // endpoint last written per peer
 	writes atomic.Uint64
 	closed bool
+	// pending are peers created with an endpoint whose first handshake has
+	// not been seen yet (see handshakeRetries).
+	pending map[wgtypes.Key]pendingHandshake
+	now     func() time.Time
 }
+
+// pendingHandshake is a peer whose first handshake is awaited.
+type pendingHandshake struct {
+	since   time.Time // created or last re-created
+	retries int
+	after   time.Duration // retry delay: shorter for the lower public key
+}
+
+// Handshake retry: when two nodes add each other at the same moment, both
+// initiate, each answers the other and discards the answer to its own
+// initiation, and WireGuard waits 5 s (REKEY_TIMEOUT) before trying again —
+// the cold-start outliers Kilo shows. So if a peer created with an endpoint
+// has no handshake handshakeRetryAfter later, the side with the lower public
+// key removes and re-adds it, which starts a fresh initiation the other side,
+// still within its 5 s, answers. The higher key's side does the same only
+// later (handshakeRetryAfterHigh), for the rarer crossing that leaves the
+// lower side believing in a session the other side dropped; the staggered
+// delays keep the two retries from crossing again.
+const (
+	handshakeRetryAfter     = time.Second
+	handshakeRetryAfterHigh = 2500 * time.Millisecond
+	handshakeMaxRetries     = 3
+	handshakePendingFor     = 30 * time.Second
+)
 
 // NewWithClient returns a Device over the given seams, for tests of code
 // that drives a Device (Kind reports "fake"). Close and Delete only mark it
@@ -55,7 +83,7 @@ func NewWithClient(name string, c Client, links LinkOps, mtu int, log *slog.Logg
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Device{name: name, kind: KindFake, mtu: mtu, log: log, client: c, links: links, last: map[wgtypes.Key]netip.AddrPort{}}
+	d := &Device{name: name, kind: KindFake, mtu: mtu, log: log, client: c, links: links, last: map[wgtypes.Key]netip.AddrPort{}, now: time.Now}
 	if st, err := links.Link(name); err == nil {
 		d.index = st.Index
 	}
@@ -295,7 +323,8 @@ func (d *Device) setWireGuard(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("reading WireGuard device %s: %w", d.name, err)
 	}
-	dl, derr := computeDelta(cur, cfg, d.last)
+	recreate := d.handshakeRetries(cur)
+	dl, derr := computeDeltaRecreate(cur, cfg, d.last, recreate)
 	var errs []error
 	if derr != nil {
 		errs = append(errs, fmt.Errorf("configuring %s: %w", d.name, derr))
@@ -311,6 +340,11 @@ func (d *Device) setWireGuard(cfg Config) error {
 	err = d.client.ConfigureDevice(d.name, dl.cfg)
 	if err == nil {
 		d.applied(dl, dl.cfg.Peers)
+		own := cur.PublicKey
+		if dl.cfg.PrivateKey != nil {
+			own = dl.cfg.PrivateKey.PublicKey()
+		}
+		d.awaitHandshakes(own, dl.nudged, recreate)
 		return errors.Join(errs...)
 	}
 	d.log.Warn("batched WireGuard configuration failed; retrying peer by peer", "err", err)
@@ -335,6 +369,80 @@ func (d *Device) setWireGuard(cfg Config) error {
 		d.applied(dl, g)
 	}
 	return errors.Join(errs...)
+}
+
+// handshakeRetries returns the pending peers to re-create now, forgetting
+// those that completed a handshake, vanished or waited too long.
+func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
+	if len(d.pending) == 0 {
+		return nil
+	}
+	now := d.clock()
+	peers := make(map[wgtypes.Key]*wgtypes.Peer, len(cur.Peers))
+	for i := range cur.Peers {
+		peers[cur.Peers[i].PublicKey] = &cur.Peers[i]
+	}
+	var out map[wgtypes.Key]bool
+	for k, p := range d.pending {
+		c, ok := peers[k]
+		switch {
+		case !ok, !c.LastHandshakeTime.IsZero(), now.Sub(p.since) > handshakePendingFor:
+			delete(d.pending, k)
+		case now.Sub(p.since) >= p.after && p.retries < handshakeMaxRetries:
+			if out == nil {
+				out = map[wgtypes.Key]bool{}
+			}
+			out[k] = true
+		}
+	}
+	return out
+}
+
+// awaitHandshakes records the peers whose first handshake was just started.
+func (d *Device) awaitHandshakes(own wgtypes.Key, nudged []wgtypes.Key, recreated map[wgtypes.Key]bool) {
+	if d.pending == nil {
+		d.pending = map[wgtypes.Key]pendingHandshake{}
+	}
+	now := d.clock()
+	for _, k := range nudged {
+		p := pendingHandshake{since: now, after: handshakeRetryAfterHigh}
+		if compareKeys(own, k) < 0 {
+			p.after = handshakeRetryAfter
+		}
+		if recreated[k] {
+			p.retries = d.pending[k].retries + 1
+			d.log.Debug("re-initiating a handshake that did not complete", "peer", k.String(), "retry", p.retries)
+		}
+		d.pending[k] = p
+	}
+}
+
+// HandshakeCheckDue reports when Set should run again to retry handshakes
+// that have not completed (false: nothing pending). The daemon schedules a
+// reconcile then; an unchanged Set writes nothing otherwise.
+func (d *Device) HandshakeCheckDue() (time.Duration, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var due time.Duration
+	found := false
+	now := d.clock()
+	for _, p := range d.pending {
+		if p.retries >= handshakeMaxRetries {
+			continue
+		}
+		wait := max(p.since.Add(p.after).Sub(now), 0)
+		if !found || wait < due {
+			due, found = wait, true
+		}
+	}
+	return due, found
+}
+
+func (d *Device) clock() time.Time {
+	if d.now == nil {
+		return time.Now()
+	}
+	return d.now()
 }
 
 // applied records the endpoints written by the applied peer entries.

@@ -152,6 +152,17 @@ func (f *FakeClient) SetEndpoint(name string, peer wgtypes.Key, ep *net.UDPAddr)
 	}
 }
 
+// SetHandshake simulates a completed handshake with a peer.
+func (f *FakeClient) SetHandshake(name string, peer wgtypes.Key, t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.devices[name].Peers {
+		if f.devices[name].Peers[i].PublicKey == peer {
+			f.devices[name].Peers[i].LastHandshakeTime = t
+		}
+	}
+}
+
 // Reset zeroes the counters and recorded configs.
 func (f *FakeClient) Reset() {
 	f.mu.Lock()

@@ -1,0 +1,108 @@
+package wg
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// keyPair returns two private keys whose public keys are ordered: low < high.
+func keyPair(t *testing.T) (low, high wgtypes.Key) {
+	t.Helper()
+	a, _ := wgtypes.GeneratePrivateKey()
+	b, _ := wgtypes.GeneratePrivateKey()
+	if compareKeys(a.PublicKey(), b.PublicKey()) > 0 {
+		a, b = b, a
+	}
+	return a, b
+}
+
+func handshakeDevice(t *testing.T, own wgtypes.Key, peer wgtypes.Key, clock *time.Time) (*Device, *FakeClient, Config) {
+	t.Helper()
+	fc := NewFakeClient()
+	fc.AddDevice("hs0")
+	links := NewFakeLinks()
+	links.AddLink("hs0", 3, 1420)
+	d := NewWithClient("hs0", fc, links, 1420, nil)
+	d.now = func() time.Time { return *clock }
+	cfg := Config{PrivateKey: own, ListenPort: 51820, Peers: []Peer{{
+		PublicKey:  peer.PublicKey(),
+		Endpoint:   net.UDPAddrFromAddrPort(netip.MustParseAddrPort("198.51.100.2:51820")),
+		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.42.2.0/24")},
+	}}}
+	if err := d.Set(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return d, fc, cfg
+}
+
+// TestHandshakeRetryStaggered: a peer with no handshake a second after it
+// was added is re-created (a fresh initiation) by the lower key's side; the
+// higher key's side waits longer; at most handshakeMaxRetries times, and
+// never once a handshake happened.
+func TestHandshakeRetryStaggered(t *testing.T) {
+	low, high := keyPair(t)
+	clock := time.Unix(1000, 0)
+
+	d, fc, cfg := handshakeDevice(t, low, high, &clock)
+	if due, ok := d.HandshakeCheckDue(); !ok || due != handshakeRetryAfter {
+		t.Fatalf("lower key: want a check due in %s, got %s %v", handshakeRetryAfter, due, ok)
+	}
+	w := d.Writes()
+	if err := d.Set(cfg); err != nil || d.Writes() != w {
+		t.Fatalf("before the retry delay an unchanged Set must write nothing (%v)", err)
+	}
+	for i := 1; i <= handshakeMaxRetries; i++ {
+		clock = clock.Add(handshakeRetryAfter)
+		if err := d.Set(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if d.Writes() != w+uint64(i) {
+			t.Fatalf("retry %d: want one more write, writes %d → %d", i, w, d.Writes())
+		}
+		last := fc.Configs[len(fc.Configs)-1]
+		if len(last.Peers) < 2 || !last.Peers[0].Remove || last.Peers[1].Remove || last.Peers[1].Endpoint == nil {
+			t.Fatalf("retry %d: want remove + re-add with endpoint, got %+v", i, last.Peers)
+		}
+	}
+	clock = clock.Add(handshakeRetryAfter)
+	w = d.Writes()
+	if err := d.Set(cfg); err != nil || d.Writes() != w {
+		t.Fatalf("more than %d retries", handshakeMaxRetries)
+	}
+	if _, ok := d.HandshakeCheckDue(); ok {
+		t.Fatal("no check may be due after the last retry")
+	}
+
+	// The higher key's side retries only after the longer delay.
+	clock = time.Unix(1000, 0)
+	d2, _, cfg2 := handshakeDevice(t, high, low, &clock)
+	if due, ok := d2.HandshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
+		t.Fatalf("higher key: want a check due in %s, got %s %v", handshakeRetryAfterHigh, due, ok)
+	}
+	clock = clock.Add(handshakeRetryAfter)
+	w = d2.Writes()
+	if err := d2.Set(cfg2); err != nil || d2.Writes() != w {
+		t.Fatal("higher key side re-created the peer as early as the lower one")
+	}
+	clock = clock.Add(handshakeRetryAfterHigh)
+	if err := d2.Set(cfg2); err != nil || d2.Writes() != w+1 {
+		t.Fatal("higher key side did not retry after its longer delay")
+	}
+
+	// A completed handshake ends the retries.
+	clock = time.Unix(1000, 0)
+	d3, fc3, cfg3 := handshakeDevice(t, low, high, &clock)
+	fc3.SetHandshake("hs0", high.PublicKey(), clock)
+	clock = clock.Add(2 * handshakeRetryAfter)
+	w = d3.Writes()
+	if err := d3.Set(cfg3); err != nil || d3.Writes() != w {
+		t.Fatal("re-created a peer that completed its handshake")
+	}
+	if _, ok := d3.HandshakeCheckDue(); ok {
+		t.Fatal("no check may be due after a handshake")
+	}
+}
