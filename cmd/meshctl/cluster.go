@@ -35,31 +35,14 @@ type settings struct {
 func (s settings) options() (mesh.Options, error) {
 	var errs []error
 	o := mesh.Options{Port: s.port}
-	switch g := mesh.Granularity(s.granularity); g {
-	case mesh.GranularityLocation, mesh.GranularityFull:
-		o.Granularity = g
-	default:
-		errs = append(errs, fmt.Errorf("--mesh-granularity %q: want location or full", s.granularity))
+	g, err := mesh.ParseGranularity(s.granularity)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--mesh-granularity %w", err))
 	}
-	var v4, v6 int
-	for _, c := range s.meshCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(c))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--mesh-cidr %q: %w", c, err))
-			continue
-		}
-		if p.Addr().Is4() {
-			v4++
-		} else {
-			v6++
-		}
-		o.MeshCIDRs = append(o.MeshCIDRs, p.Masked())
-	}
-	if v4 > 1 || v6 > 1 {
-		errs = append(errs, fmt.Errorf("--mesh-cidr: at most one IPv4 and one IPv6 CIDR, got %v", s.meshCIDRs))
-	}
-	if v4+v6 == 0 {
-		errs = append(errs, errors.New("--mesh-cidr: at least one CIDR is required"))
+	o.Granularity = g
+	o.MeshCIDRs, err = mesh.ParseMeshCIDRs(s.meshCIDRs)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--mesh-cidr: %w", err))
 	}
 	if s.port < 1 || s.port > 65535 {
 		errs = append(errs, fmt.Errorf("--port %d: want 1-65535", s.port))

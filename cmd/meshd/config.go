@@ -87,31 +87,14 @@ func (c *config) options() (mesh.Options, error) {
 		RouteTable:   mesh.DefaultRouteTable,
 		RulePriority: mesh.DefaultRulePriority,
 	}
-	switch mesh.Granularity(c.Granularity) {
-	case mesh.GranularityLocation, mesh.GranularityFull:
-		o.Granularity = mesh.Granularity(c.Granularity)
-	default:
-		errs = append(errs, fmt.Errorf("--mesh-granularity %q: want location or full", c.Granularity))
+	g, err := mesh.ParseGranularity(c.Granularity)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--mesh-granularity %w", err))
 	}
-	var v4, v6 int
-	for _, s := range c.MeshCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--mesh-cidr %q: %w", s, err))
-			continue
-		}
-		if p.Addr().Is4() {
-			v4++
-		} else {
-			v6++
-		}
-		o.MeshCIDRs = append(o.MeshCIDRs, p.Masked())
-	}
-	if v4 > 1 || v6 > 1 {
-		errs = append(errs, fmt.Errorf("--mesh-cidr: at most one IPv4 and one IPv6 CIDR, got %v", c.MeshCIDRs))
-	}
-	if v4+v6 == 0 {
-		errs = append(errs, errors.New("--mesh-cidr: at least one CIDR is required"))
+	o.Granularity = g
+	o.MeshCIDRs, err = mesh.ParseMeshCIDRs(c.MeshCIDRs)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--mesh-cidr: %w", err))
 	}
 	for _, s := range c.ServiceCIDRs {
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))

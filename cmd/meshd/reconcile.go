@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -125,12 +124,11 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.observe(time.Since(start), err)
 	}()
 
-	nodes, self, err := r.meshNodes(s.nodes)
+	nodes, peers, self, err := r.meshInput(ctx, s)
 	if err != nil {
 		r.metrics.fail("snapshot")
 		return err
 	}
-	peers := r.meshPeers(ctx, s.peers)
 	peers = append(peers, r.remotePeers(nodes)...)
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
 	if err != nil {
@@ -174,29 +172,41 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	return errors.Join(errs...)
 }
 
-// meshNodes converts the Node objects; malformed annotations are reported
-// once (log line and Event) and ignored. It fills the local node's facts
-// that only this node knows.
-func (r *reconciler) meshNodes(objs []*corev1.Node) ([]mesh.Node, *corev1.Node, error) {
+// meshInput converts the Node and Peer objects like every node does
+// (k8s.NewMeshInput), reports each object's problems once (log line and
+// Event), and replaces the local node by what this node knows about itself.
+func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
+	in := k8s.NewMeshInput(ctx, s.nodes, s.peers, k8s.MeshInputOptions{
+		Parse:   k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
+		Secret:  r.secret(ctx),
+		Resolve: r.resolver,
+	})
 	var self *corev1.Node
-	nodes := make([]mesh.Node, 0, len(objs))
-	po := k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port}
-	seen := make(map[string]bool, len(objs))
-	for _, o := range objs {
-		n, problems := k8s.NodeFromObject(o, po)
-		r.report(o, "node/"+o.Name, "MalformedAnnotation", problems)
-		seen["node/"+o.Name] = true
+	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
+	for _, o := range s.nodes {
+		id := "node/" + o.Name
+		r.report(o, id, "MalformedAnnotation", in.Problems[id])
+		seen[id] = true
 		if o.Name == r.node {
 			self = o
-			n = r.selfNode(o)
 		}
-		nodes = append(nodes, n)
+	}
+	for _, o := range s.peers {
+		id := "peer/" + o.Name
+		r.report(o, id, "InvalidPeer", in.Problems[id])
+		seen[id] = true
 	}
 	r.forgetReports("node/", seen)
+	r.forgetReports("peer/", seen)
 	if self == nil {
-		return nil, nil, fmt.Errorf("node %q not found in the API (set --hostname or $NODE_NAME to this node's Node name)", r.node)
+		return nil, nil, nil, fmt.Errorf("node %q not found in the API (set --hostname or $NODE_NAME to this node's Node name)", r.node)
 	}
-	return nodes, self, nil
+	for i := range in.Nodes {
+		if in.Nodes[i].Name == r.node {
+			in.Nodes[i] = r.selfNode(self)
+		}
+	}
+	return in.Nodes, in.Peers, self, nil
 }
 
 // selfNode parses the local Node from what the user and the cluster say,
@@ -227,33 +237,6 @@ func preferV4(as []netip.Addr) netip.Addr {
 	return as[0]
 }
 
-// meshPeers converts the Peer objects; a bad one is reported and skipped.
-func (r *reconciler) meshPeers(ctx context.Context, objs []*v1alpha1.Peer) []mesh.Peer {
-	peers := make([]mesh.Peer, 0, len(objs))
-	seen := make(map[string]bool, len(objs))
-	for _, o := range objs {
-		p, err := k8s.PeerFromObject(o, r.secret(ctx))
-		var problems []error
-		if err != nil {
-			problems = append(problems, err)
-		}
-		if err == nil && p.Endpoint.Host != "" && !p.Endpoint.Addr.IsValid() {
-			if a, rerr := r.resolve(ctx, p.Endpoint.Host); rerr != nil {
-				problems = append(problems, fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr))
-			} else {
-				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
-			}
-		}
-		r.report(o, "peer/"+o.Name, "InvalidPeer", problems)
-		seen["peer/"+o.Name] = true
-		if err == nil {
-			peers = append(peers, p)
-		}
-	}
-	r.forgetReports("peer/", seen)
-	return peers
-}
-
 func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]byte, error) {
 	return func(ns, name, key string) ([]byte, error) {
 		s, err := r.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1GetOptions)
@@ -266,25 +249,6 @@ func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]b
 		}
 		return v, nil
 	}
-}
-
-func (r *reconciler) resolve(ctx context.Context, host string) (netip.Addr, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	lookup := r.resolver
-	if lookup == nil {
-		lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-		}
-	}
-	as, err := lookup(ctx, host)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	if len(as) == 0 {
-		return netip.Addr{}, fmt.Errorf("no addresses")
-	}
-	return preferV4(as).Unmap(), nil
 }
 
 // remotePeers turns the location leaders of every linked cluster into

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // Errors returned by NewTopology and Build; match them with errors.Is.
@@ -97,4 +98,37 @@ func normalize(o Options) (normalized, error) {
 	n.svc = mergePrefixes(n.svc)
 	n.ServiceCIDRs = n.svc
 	return n, nil
+}
+
+// ParseGranularity parses a granularity name.
+func ParseGranularity(s string) (Granularity, error) {
+	switch g := Granularity(s); g {
+	case GranularityLocation, GranularityFull:
+		return g, nil
+	}
+	return "", fmt.Errorf("%q: want %s or %s", s, GranularityLocation, GranularityFull)
+}
+
+// ParseMeshCIDRs parses mesh CIDRs as given on a command line: at least one,
+// at most one IPv4 and one IPv6, returned masked.
+func ParseMeshCIDRs(ss []string) ([]netip.Prefix, error) {
+	var errs []error
+	var out []netip.Prefix
+	var fams [2]int
+	for _, s := range ss {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%q: %w", s, err))
+			continue
+		}
+		fams[family(p.Addr())]++
+		out = append(out, p.Masked())
+	}
+	if fams[v4] > 1 || fams[v6] > 1 {
+		errs = append(errs, fmt.Errorf("at most one IPv4 and one IPv6 CIDR, got %v", ss))
+	}
+	if len(ss) == 0 {
+		errs = append(errs, errors.New("at least one CIDR is required"))
+	}
+	return out, errors.Join(errs...)
 }
