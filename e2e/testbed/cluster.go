@@ -16,7 +16,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -236,21 +235,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: %[1]s
-  cluster:
-    server: %[2]s
-    certificate-authority-data: %[3]s
-contexts:
-- name: %[1]s
-  context: {cluster: %[1]s, user: admin}
-current-context: %[1]s
-users:
-- name: admin
-  user: {token: %[4]s}
-`, c.Name, c.APIServer(), b64(ca), c.Token)
+	kc := kubeconfig(c.Name, c.APIServer(), ca, "admin", c.Token)
 	if err := os.WriteFile(c.Kubeconfig, []byte(kc), 0o600); err != nil {
 		return err
 	}
@@ -287,7 +272,7 @@ users:
 		return fmt.Errorf("cluster %s: requesting a token for ServiceAccount %s/meshd: %w", c.Name, LeaseNamespace, err)
 	}
 	c.MeshdKubeconfig = filepath.Join(c.Dir, "meshd.kubeconfig")
-	mkc := strings.Replace(kc, "user: {token: "+c.Token+"}", "user: {token: "+tr.Status.Token+"}", 1)
+	mkc := kubeconfig(c.Name, c.APIServer(), ca, "meshd", tr.Status.Token)
 	if err := os.WriteFile(c.MeshdKubeconfig, []byte(mkc), 0o600); err != nil {
 		return err
 	}

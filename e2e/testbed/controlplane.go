@@ -156,21 +156,7 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: me2e
-  cluster:
-    server: https://%s:%d
-    certificate-authority-data: %s
-contexts:
-- name: me2e
-  context: {cluster: me2e, user: admin}
-current-context: me2e
-users:
-- name: admin
-  user: {token: %s}
-`, APIServerAddr, APIServerPort, b64(ca), tb.Token)
+	kc := kubeconfig("me2e", fmt.Sprintf("https://%s:%d", APIServerAddr, APIServerPort), ca, "admin", tb.Token)
 	if err := os.WriteFile(tb.Kubeconfig, []byte(kc), 0o600); err != nil {
 		return err
 	}
@@ -224,21 +210,7 @@ func (tb *Testbed) installRBAC(ctx context.Context, ca []byte) error {
 	if err != nil {
 		return fmt.Errorf("requesting a token for ServiceAccount %s/meshd: %w", LeaseNamespace, err)
 	}
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: me2e
-  cluster:
-    server: https://%s:%d
-    certificate-authority-data: %s
-contexts:
-- name: me2e
-  context: {cluster: me2e, user: meshd}
-current-context: me2e
-users:
-- name: meshd
-  user: {token: %s}
-`, APIServerAddr, APIServerPort, b64(ca), tr.Status.Token)
+	kc := kubeconfig("me2e", fmt.Sprintf("https://%s:%d", APIServerAddr, APIServerPort), ca, "meshd", tr.Status.Token)
 	tb.MeshdKubeconfig = filepath.Join(tb.Dir, "meshd.kubeconfig")
 	return os.WriteFile(tb.MeshdKubeconfig, []byte(kc), 0o600)
 }
@@ -340,4 +312,23 @@ func crdEstablished(crd *apiextensionsv1.CustomResourceDefinition) bool {
 		}
 	}
 	return false
+}
+
+// kubeconfig renders a kubeconfig for one API server and one token user.
+func kubeconfig(name, server string, ca []byte, user, token string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: %[1]s
+  cluster:
+    server: %[2]s
+    certificate-authority-data: %[3]s
+contexts:
+- name: %[1]s
+  context: {cluster: %[1]s, user: %[4]s}
+current-context: %[1]s
+users:
+- name: %[4]s
+  user: {token: %[5]s}
+`, name, server, b64(ca), user, token)
 }
