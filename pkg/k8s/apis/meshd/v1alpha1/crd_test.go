@@ -53,7 +53,8 @@ func TestCRDUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := filepath.Glob(filepath.Join(root, "manifests/crds/*.yaml"))
+	// Only meshd.io CRDs are generated; others (ServiceExport) are written by hand.
+	committed, err := filepath.Glob(filepath.Join(root, "manifests/crds/meshd.io_*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
