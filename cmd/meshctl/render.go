@@ -23,7 +23,7 @@ import (
 const managedByLabel = "app.kubernetes.io/managed-by"
 
 // maxPeerAllowedIPs is the Peer CRD's limit on spec.allowedIPs.
-const maxPeerAllowedIPs = 64
+const maxPeerAllowedIPs = 1024
 
 // wgConfig is the structured (-o yaml|json) form of a WireGuard
 // configuration. It never holds a private or preshared key.

@@ -39,7 +39,7 @@ type PeerSpec struct {
 	// +required
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=43
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="spec.allowedIPs entries must be CIDRs such as 10.4.0.1/32 or fd00::/64"
 	AllowedIPs []string `json:"allowedIPs"`
