@@ -57,6 +57,7 @@ type pendingHandshake struct {
 	since   time.Time // created or last re-created
 	retries int
 	after   time.Duration // retry delay: shorter for the lower public key
+	checked bool          // looked at after the delay: no retry needed
 }
 
 // Handshake retry: when two nodes add each other at the same moment, both
@@ -64,7 +65,8 @@ type pendingHandshake struct {
 // initiation, and WireGuard waits 5 s (REKEY_TIMEOUT) before trying again —
 // the cold-start outliers Kilo shows. So if a peer created with an endpoint
 // has no handshake handshakeRetryAfter later, the side with the lower public
-// key removes and re-adds it, which starts a fresh initiation the other side,
+// key removes and re-adds it (once, or up to handshakeMaxRetries times while
+// the peer is heard from, rx > 0, so unreachable peers cost little), which starts a fresh initiation the other side,
 // still within its 5 s, answers. The higher key's side does the same only
 // later (handshakeRetryAfterHigh), for the rarer crossing that leaves the
 // lower side believing in a session the other side dropped; the staggered
@@ -74,6 +76,9 @@ const (
 	handshakeRetryAfterHigh = 2500 * time.Millisecond
 	handshakeMaxRetries     = 3
 	handshakePendingFor     = 30 * time.Second
+	// handshakeCoalesce: checks due within this window are done together, so
+	// peers added by successive reconciles do not each cause a reconcile.
+	handshakeCoalesce = 500 * time.Millisecond
 )
 
 // NewWithClient returns a Device over the given seams, for tests of code
@@ -388,11 +393,19 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 		switch {
 		case !ok, !c.LastHandshakeTime.IsZero(), now.Sub(p.since) > handshakePendingFor:
 			delete(d.pending, k)
-		case now.Sub(p.since) >= p.after && p.retries < handshakeMaxRetries:
+		case p.checked || p.retries >= handshakeMaxRetries || now.Add(handshakeCoalesce).Before(p.since.Add(p.after)):
+			// not due
+		case c.ReceiveBytes > 0 || p.retries == 0:
+			// Heard from (a crossed handshake) or not retried yet: retry.
 			if out == nil {
 				out = map[wgtypes.Key]bool{}
 			}
 			out[k] = true
+		default:
+			// Still nothing heard after a retry: unreachable or not
+			// configured yet; WireGuard keeps retrying by itself.
+			p.checked = true
+			d.pending[k] = p
 		}
 	}
 	return out
@@ -427,7 +440,7 @@ func (d *Device) HandshakeCheckDue() (time.Duration, bool) {
 	found := false
 	now := d.clock()
 	for _, p := range d.pending {
-		if p.retries >= handshakeMaxRetries {
+		if p.checked || p.retries >= handshakeMaxRetries {
 			continue
 		}
 		wait := max(p.since.Add(p.after).Sub(now), 0)

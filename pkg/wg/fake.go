@@ -163,6 +163,17 @@ func (f *FakeClient) SetHandshake(name string, peer wgtypes.Key, t time.Time) {
 	}
 }
 
+// SetReceived simulates bytes received from a peer.
+func (f *FakeClient) SetReceived(name string, peer wgtypes.Key, n int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.devices[name].Peers {
+		if f.devices[name].Peers[i].PublicKey == peer {
+			f.devices[name].Peers[i].ReceiveBytes = n
+		}
+	}
+}
+
 // Reset zeroes the counters and recorded configs.
 func (f *FakeClient) Reset() {
 	f.mu.Lock()

@@ -57,6 +57,7 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	}
 	for i := 1; i <= handshakeMaxRetries; i++ {
 		clock = clock.Add(handshakeRetryAfter)
+		fc.SetReceived("hs0", high.PublicKey(), 148) // its crossed initiation reached us
 		if err := d.Set(cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -69,6 +70,7 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 		}
 	}
 	clock = clock.Add(handshakeRetryAfter)
+	fc.SetReceived("hs0", high.PublicKey(), 148)
 	w = d.Writes()
 	if err := d.Set(cfg); err != nil || d.Writes() != w {
 		t.Fatalf("more than %d retries", handshakeMaxRetries)
@@ -79,7 +81,8 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 
 	// The higher key's side retries only after the longer delay.
 	clock = time.Unix(1000, 0)
-	d2, _, cfg2 := handshakeDevice(t, high, low, &clock)
+	d2, fc2, cfg2 := handshakeDevice(t, high, low, &clock)
+	fc2.SetReceived("hs0", low.PublicKey(), 148)
 	if due, ok := d2.HandshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
 		t.Fatalf("higher key: want a check due in %s, got %s %v", handshakeRetryAfterHigh, due, ok)
 	}
@@ -91,6 +94,23 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock = clock.Add(handshakeRetryAfterHigh)
 	if err := d2.Set(cfg2); err != nil || d2.Writes() != w+1 {
 		t.Fatal("higher key side did not retry after its longer delay")
+	}
+
+	// A peer we heard nothing from (unreachable, or not configured yet) is
+	// retried once, then left to WireGuard's own retries.
+	clock = time.Unix(1000, 0)
+	d4, _, cfg4 := handshakeDevice(t, low, high, &clock)
+	clock = clock.Add(handshakeRetryAfter)
+	w = d4.Writes()
+	if err := d4.Set(cfg4); err != nil || d4.Writes() != w+1 {
+		t.Fatal("a silent peer must be retried once")
+	}
+	clock = clock.Add(handshakeRetryAfter)
+	if err := d4.Set(cfg4); err != nil || d4.Writes() != w+1 {
+		t.Fatal("re-created a silent peer twice")
+	}
+	if _, ok := d4.HandshakeCheckDue(); ok {
+		t.Fatal("a checked silent peer must not schedule more checks")
 	}
 
 	// A completed handshake ends the retries.
