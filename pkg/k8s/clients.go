@@ -51,6 +51,11 @@ func NewClientsForConfig(cfg *rest.Config) (*Clients, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "meshd"
 	}
+	// client-go's default (5 requests/s, burst 10, per API group) caps the
+	// mirror's bulk writes at about 10/s; meshd's own writes are rare.
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes client for %s: %w", cfg.Host, err)
