@@ -280,9 +280,7 @@ func (d *daemon) work(ctx context.Context) error {
 		} else {
 			d.queue.Forget(key)
 		}
-		if due, ok := d.device.HandshakeCheckDue(); ok {
-			d.queue.AddAfter(key, due) // retry first handshakes that collided
-		}
+		d.device.scheduleHandshakeRetries()
 		d.queue.Done(key)
 	}
 }

@@ -20,8 +20,9 @@ type device struct {
 	log  *slog.Logger
 	opts wg.Options
 
-	mu  sync.Mutex
-	dev *wg.Device
+	mu    sync.Mutex
+	dev   *wg.Device
+	retry *time.Timer // pending RetryHandshakes
 }
 
 func openDevice(ctx context.Context, log *slog.Logger, opts wg.Options) (*device, error) {
@@ -63,9 +64,26 @@ func (d *device) Set(cfg wg.Config) error {
 
 func (d *device) Stats() ([]wg.PeerStats, error) { return d.current().Stats() }
 
-// HandshakeCheckDue says when to reconcile again to retry first handshakes
-// that collided (see wg.Device.HandshakeCheckDue).
-func (d *device) HandshakeCheckDue() (time.Duration, bool) { return d.current().HandshakeCheckDue() }
-func (d *device) Kind() string                             { return d.current().Kind() }
-func (d *device) Close() error                             { return d.current().Close() }
-func (d *device) Delete() error                            { return d.current().Delete() }
+// scheduleHandshakeRetries arranges for first handshakes that have not
+// completed (two nodes that initiated at the same moment) to be retried when
+// due (see wg.Device.RetryHandshakes); it reschedules itself while needed.
+func (d *device) scheduleHandshakeRetries() {
+	due, ok := d.current().HandshakeCheckDue()
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.retry != nil {
+		d.retry.Stop()
+	}
+	d.retry = time.AfterFunc(due, func() {
+		if err := d.current().RetryHandshakes(); err != nil {
+			d.log.Warn("retrying WireGuard handshakes", "error", err)
+		}
+		d.scheduleHandshakeRetries()
+	})
+}
+func (d *device) Kind() string  { return d.current().Kind() }
+func (d *device) Close() error  { return d.current().Close() }
+func (d *device) Delete() error { return d.current().Delete() }

@@ -328,8 +328,7 @@ func (d *Device) setWireGuard(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("reading WireGuard device %s: %w", d.name, err)
 	}
-	recreate := d.handshakeRetries(cur)
-	dl, derr := computeDeltaRecreate(cur, cfg, d.last, recreate)
+	dl, derr := computeDelta(cur, cfg, d.last)
 	var errs []error
 	if derr != nil {
 		errs = append(errs, fmt.Errorf("configuring %s: %w", d.name, derr))
@@ -349,7 +348,7 @@ func (d *Device) setWireGuard(cfg Config) error {
 		if dl.cfg.PrivateKey != nil {
 			own = dl.cfg.PrivateKey.PublicKey()
 		}
-		d.awaitHandshakes(own, dl.nudged, recreate)
+		d.awaitHandshakes(own, dl.nudged, nil)
 		return errors.Join(errs...)
 	}
 	d.log.Warn("batched WireGuard configuration failed; retrying peer by peer", "err", err)
@@ -430,12 +429,70 @@ func (d *Device) awaitHandshakes(own wgtypes.Key, nudged []wgtypes.Key, recreate
 	}
 }
 
-// HandshakeCheckDue reports when Set should run again to retry handshakes
-// that have not completed (false: nothing pending). The daemon schedules a
-// reconcile then; an unchanged Set writes nothing otherwise.
+// RetryHandshakes re-creates, from their current configuration, the peers
+// whose first handshake is overdue (see handshakeRetries): a Remove and a
+// re-add with the first handshake nudged, in one ConfigureDevice call. Set
+// never does this, so Set stays a pure diff of desired against actual.
+func (d *Device) RetryHandshakes() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || len(d.pending) == 0 {
+		return nil
+	}
+	cur, err := d.client.Device(d.name)
+	if err != nil {
+		return fmt.Errorf("reading WireGuard device %s: %w", d.name, err)
+	}
+	retry := d.handshakeRetries(cur)
+	if len(retry) == 0 {
+		return nil
+	}
+	dl := &delta{written: map[wgtypes.Key]netip.AddrPort{}, known: map[wgtypes.Key]netip.AddrPort{}}
+	for i := range cur.Peers {
+		c := &cur.Peers[i]
+		ep := udpToAddrPort(c.Endpoint)
+		if !retry[c.PublicKey] || !ep.IsValid() {
+			continue
+		}
+		w := &wantPeer{key: c.PublicKey, psk: c.PresharedKey, endpoint: ep, keepalive: c.PersistentKeepaliveInterval}
+		for _, n := range c.AllowedIPs {
+			if p, ok := netipx(n); ok {
+				w.allowedIPs = append(w.allowedIPs, p)
+			}
+		}
+		dl.cfg.Peers = append(dl.cfg.Peers, wgtypes.PeerConfig{PublicKey: c.PublicKey, Remove: true})
+		dl.cfg.Peers = append(dl.cfg.Peers, dl.createPeer(w)...)
+	}
+	if len(dl.cfg.Peers) == 0 {
+		return nil
+	}
+	d.writes.Add(1)
+	if err := d.client.ConfigureDevice(d.name, dl.cfg); err != nil {
+		return fmt.Errorf("re-initiating handshakes on %s: %w", d.name, err)
+	}
+	d.applied(dl, dl.cfg.Peers)
+	d.awaitHandshakes(cur.PublicKey, dl.nudged, retry)
+	return nil
+}
+
+// netipx converts an allowed IP to a prefix.
+func netipx(n net.IPNet) (netip.Prefix, bool) {
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}
+
+// HandshakeCheckDue reports when RetryHandshakes should run to retry first
+// handshakes that have not completed (false: nothing to check).
 func (d *Device) HandshakeCheckDue() (time.Duration, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		return 0, false
+	}
 	var due time.Duration
 	found := false
 	now := d.clock()

@@ -63,13 +63,6 @@ type wantPeer struct {
 // wrote per peer. The returned error lists desired entries that were invalid
 // and skipped; the delta is still usable.
 func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.AddrPort) (*delta, error) {
-	return computeDeltaRecreate(cur, want, last, nil)
-}
-
-// computeDeltaRecreate is computeDelta that also removes and re-adds the
-// existing peers in recreate (those keeping their endpoint): the re-added
-// peer starts a fresh handshake (see Device.handshakeRetries).
-func computeDeltaRecreate(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.AddrPort, recreate map[wgtypes.Key]bool) (*delta, error) {
 	d := &delta{
 		written: map[wgtypes.Key]netip.AddrPort{},
 		known:   map[wgtypes.Key]netip.AddrPort{},
@@ -122,10 +115,6 @@ func computeDeltaRecreate(cur *wgtypes.Device, want Config, last map[wgtypes.Key
 	for _, k := range keys {
 		w := wants[k]
 		c, exists := curPeers[k]
-		if exists && recreate[k] && w.endpoint.IsValid() {
-			d.cfg.Peers = append(d.cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
-			exists = false
-		}
 		if !exists {
 			d.cfg.Peers = append(d.cfg.Peers, d.createPeer(w)...)
 			continue

@@ -40,9 +40,9 @@ func handshakeDevice(t *testing.T, own wgtypes.Key, peer wgtypes.Key, clock *tim
 }
 
 // TestHandshakeRetryStaggered: a peer with no handshake a second after it
-// was added is re-created (a fresh initiation) by the lower key's side; the
-// higher key's side waits longer; at most handshakeMaxRetries times, and
-// never once a handshake happened.
+// was added is re-created (a fresh initiation) by RetryHandshakes on the lower
+// key's side; the higher key's side waits longer; at most handshakeMaxRetries
+// times, never once a handshake happened, and never by Set (a pure diff).
 func TestHandshakeRetryStaggered(t *testing.T) {
 	low, high := keyPair(t)
 	clock := time.Unix(1000, 0)
@@ -52,13 +52,18 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 		t.Fatalf("lower key: want a check due in %s, got %s %v", handshakeRetryAfter, due, ok)
 	}
 	w := d.Writes()
-	if err := d.Set(cfg); err != nil || d.Writes() != w {
-		t.Fatalf("before the retry delay an unchanged Set must write nothing (%v)", err)
+	if err := d.RetryHandshakes(); err != nil || d.Writes() != w {
+		t.Fatalf("before the retry delay nothing may be retried (%v)", err)
 	}
+	clock = clock.Add(10 * handshakeRetryAfter)
+	if err := d.Set(cfg); err != nil || d.Writes() != w {
+		t.Fatalf("an unchanged Set must write nothing, however late (%v)", err)
+	}
+	clock = clock.Add(-10 * handshakeRetryAfter)
 	for i := 1; i <= handshakeMaxRetries; i++ {
 		clock = clock.Add(handshakeRetryAfter)
 		fc.SetReceived("hs0", high.PublicKey(), 148) // its crossed initiation reached us
-		if err := d.Set(cfg); err != nil {
+		if err := d.RetryHandshakes(); err != nil {
 			t.Fatal(err)
 		}
 		if d.Writes() != w+uint64(i) {
@@ -72,8 +77,11 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock = clock.Add(handshakeRetryAfter)
 	fc.SetReceived("hs0", high.PublicKey(), 148)
 	w = d.Writes()
-	if err := d.Set(cfg); err != nil || d.Writes() != w {
+	if err := d.RetryHandshakes(); err != nil || d.Writes() != w {
 		t.Fatalf("more than %d retries", handshakeMaxRetries)
+	}
+	if err := d.Set(cfg); err != nil || d.Writes() != w {
+		t.Fatalf("Set after the retries must write nothing (%v)", err)
 	}
 	if _, ok := d.HandshakeCheckDue(); ok {
 		t.Fatal("no check may be due after the last retry")
@@ -81,32 +89,32 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 
 	// The higher key's side retries only after the longer delay.
 	clock = time.Unix(1000, 0)
-	d2, fc2, cfg2 := handshakeDevice(t, high, low, &clock)
+	d2, fc2, _ := handshakeDevice(t, high, low, &clock)
 	fc2.SetReceived("hs0", low.PublicKey(), 148)
 	if due, ok := d2.HandshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
 		t.Fatalf("higher key: want a check due in %s, got %s %v", handshakeRetryAfterHigh, due, ok)
 	}
 	clock = clock.Add(handshakeRetryAfter)
 	w = d2.Writes()
-	if err := d2.Set(cfg2); err != nil || d2.Writes() != w {
+	if err := d2.RetryHandshakes(); err != nil || d2.Writes() != w {
 		t.Fatal("higher key side re-created the peer as early as the lower one")
 	}
 	clock = clock.Add(handshakeRetryAfterHigh)
-	if err := d2.Set(cfg2); err != nil || d2.Writes() != w+1 {
+	if err := d2.RetryHandshakes(); err != nil || d2.Writes() != w+1 {
 		t.Fatal("higher key side did not retry after its longer delay")
 	}
 
 	// A peer we heard nothing from (unreachable, or not configured yet) is
 	// retried once, then left to WireGuard's own retries.
 	clock = time.Unix(1000, 0)
-	d4, _, cfg4 := handshakeDevice(t, low, high, &clock)
+	d4, _, _ := handshakeDevice(t, low, high, &clock)
 	clock = clock.Add(handshakeRetryAfter)
 	w = d4.Writes()
-	if err := d4.Set(cfg4); err != nil || d4.Writes() != w+1 {
+	if err := d4.RetryHandshakes(); err != nil || d4.Writes() != w+1 {
 		t.Fatal("a silent peer must be retried once")
 	}
 	clock = clock.Add(handshakeRetryAfter)
-	if err := d4.Set(cfg4); err != nil || d4.Writes() != w+1 {
+	if err := d4.RetryHandshakes(); err != nil || d4.Writes() != w+1 {
 		t.Fatal("re-created a silent peer twice")
 	}
 	if _, ok := d4.HandshakeCheckDue(); ok {
@@ -115,11 +123,11 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 
 	// A completed handshake ends the retries.
 	clock = time.Unix(1000, 0)
-	d3, fc3, cfg3 := handshakeDevice(t, low, high, &clock)
+	d3, fc3, _ := handshakeDevice(t, low, high, &clock)
 	fc3.SetHandshake("hs0", high.PublicKey(), clock)
 	clock = clock.Add(2 * handshakeRetryAfter)
 	w = d3.Writes()
-	if err := d3.Set(cfg3); err != nil || d3.Writes() != w {
+	if err := d3.RetryHandshakes(); err != nil || d3.Writes() != w {
 		t.Fatal("re-created a peer that completed its handshake")
 	}
 	if _, ok := d3.HandshakeCheckDue(); ok {
