@@ -105,6 +105,30 @@ func overlaps(a, b k8s.LinkSettings) []string {
 	return out
 }
 
+// settingsOf validates both sides' flags; they must name two clusters.
+func settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
+	fs, err1 := from.settings("from-")
+	ts, err2 := to.settings("to-")
+	if err := errors.Join(err1, err2); err != nil {
+		return fs, ts, usageError{err}
+	}
+	if fs.Name == ts.Name {
+		return fs, ts, usageError{fmt.Errorf("both clusters are named %q: set --from-name and --to-name", fs.Name)}
+	}
+	return fs, ts, nil
+}
+
+// clientsOf connects to both sides.
+func (e *env) clientsOf(from, to *side) (fc, tc *k8s.Clients, err error) {
+	if fc, err = e.newClients(from.kubeconfig); err != nil {
+		return nil, nil, err
+	}
+	if tc, err = e.newClients(to.kubeconfig); err != nil {
+		return nil, nil, err
+	}
+	return fc, tc, nil
+}
+
 func newLinkCommand(e *env) *cobra.Command {
 	var from, to side
 	var oneWay bool
@@ -127,24 +151,16 @@ local one.`,
                --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fs, err1 := from.settings("from-")
-			ts, err2 := to.settings("to-")
-			if err := errors.Join(err1, err2); err != nil {
-				return usageError{err}
-			}
-			if fs.Name == ts.Name {
-				return usageError{fmt.Errorf("both clusters are named %q: set --from-name and --to-name", fs.Name)}
+			fs, ts, err := settingsOf(&from, &to)
+			if err != nil {
+				return err
 			}
 			if o := overlaps(fs, ts); len(o) > 0 {
 				return fmt.Errorf("the clusters' ranges overlap, refusing to link:\n  %s", strings.Join(o, "\n  "))
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
 			defer cancel()
-			fc, err := e.newClients(from.kubeconfig)
-			if err != nil {
-				return err
-			}
-			tc, err := e.newClients(to.kubeconfig)
+			fc, tc, err := e.clientsOf(&from, &to)
 			if err != nil {
 				return err
 			}
@@ -176,18 +192,13 @@ func newUnlinkCommand(e *env) *cobra.Command {
 		Short: "Undo link: remove the link Secrets and revoke the reader tokens in both clusters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fs, err1 := from.settings("from-")
-			ts, err2 := to.settings("to-")
-			if err := errors.Join(err1, err2); err != nil {
-				return usageError{err}
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
-			defer cancel()
-			fc, err := e.newClients(from.kubeconfig)
+			fs, ts, err := settingsOf(&from, &to)
 			if err != nil {
 				return err
 			}
-			tc, err := e.newClients(to.kubeconfig)
+			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
+			defer cancel()
+			fc, tc, err := e.clientsOf(&from, &to)
 			if err != nil {
 				return err
 			}

@@ -507,3 +507,20 @@ func TestOutsideMeshCIDRNoted(t *testing.T) {
 		t.Fatalf("want one note naming node out, its IP and the flag, got %q", notes)
 	}
 }
+
+// TestLinkRefusesBadPairs: linking a cluster to itself is a usage error and
+// overlapping mesh ranges are refused before anything is written.
+func TestLinkRefusesBadPairs(t *testing.T) {
+	kube, md := fixtureClients()
+	r := runMeshctl(t, kube, md, "link", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "east")
+	if r.code != 2 || !strings.Contains(r.stderr, `both clusters are named "east"`) {
+		t.Fatalf("same names: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = runMeshctl(t, kube, md, "link", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west")
+	if r.code != 1 || !strings.Contains(r.stderr, "10.4.0.0/16 of east overlaps 10.4.0.0/16 of west") {
+		t.Fatalf("default mesh CIDRs on both sides: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if len(kube.Actions()) != 0 {
+		t.Fatalf("a refused link wrote to the cluster: %v", kube.Actions())
+	}
+}

@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Settings of the main cluster (the testbed's own control plane), for code
@@ -239,22 +238,8 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := os.WriteFile(c.Kubeconfig, []byte(kc), 0o600); err != nil {
 		return err
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	cfg.Dial = NetnsDialer(netnsPath(c.NS))
-	cfg.QPS = 100
-	cfg.Burst = 200
-	c.RESTConfig = cfg
-	if c.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		return err
-	}
-	if c.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
-		return err
-	}
-	if _, err := c.Kube.Discovery().ServerVersion(); err != nil {
-		return fmt.Errorf("cluster %s: talking to the API server with the kubeconfig: %w", c.Name, err)
+	if c.RESTConfig, c.Kube, c.Dynamic, err = apiClients(c.Kubeconfig, c.NS); err != nil {
+		return fmt.Errorf("cluster %s: %w", c.Name, err)
 	}
 	if _, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: LeaseNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

@@ -30,6 +30,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
@@ -160,23 +161,8 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 	if err := os.WriteFile(tb.Kubeconfig, []byte(kc), 0o600); err != nil {
 		return err
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", tb.Kubeconfig)
-	if err != nil {
+	if tb.RESTConfig, tb.Kube, tb.Dynamic, err = apiClients(tb.Kubeconfig, tb.CPNS); err != nil {
 		return err
-	}
-	cfg.Dial = NetnsDialer(netnsPath(tb.CPNS))
-	cfg.QPS = 100
-	cfg.Burst = 200
-	tb.RESTConfig = cfg
-	if tb.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		return err
-	}
-	if tb.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
-		return err
-	}
-	// Verify the CA really verifies (the kubeconfig is used by meshd too).
-	if _, err := tb.Kube.Discovery().ServerVersion(); err != nil {
-		return fmt.Errorf("talking to the API server with the kubeconfig: %w", err)
 	}
 
 	if _, err := tb.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: LeaseNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -331,4 +317,29 @@ users:
 - name: %[4]s
   user: {token: %[5]s}
 `, name, server, b64(ca), user, token)
+}
+
+// apiClients builds the clients of the API server that lives in network
+// namespace ns from its admin kubeconfig (connections are dialled inside ns),
+// and checks the kubeconfig's CA really verifies (meshd uses it too).
+func apiClients(kubeconfig, ns string) (*rest.Config, kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cfg.Dial = NetnsDialer(netnsPath(ns))
+	cfg.QPS = 100
+	cfg.Burst = 200
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := kube.Discovery().ServerVersion(); err != nil {
+		return nil, nil, nil, fmt.Errorf("talking to the API server in %s with %s: %w", ns, kubeconfig, err)
+	}
+	return cfg, kube, dyn, nil
 }
