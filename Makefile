@@ -14,9 +14,9 @@ build:
 	$(GO) build -o $(BIN)/meshd ./cmd/meshd
 	@if [ -d cmd/meshctl ]; then $(GO) build -o $(BIN)/meshctl ./cmd/meshctl; fi
 
-## unit: the fast target — unit tests on fakes, no root, no API server.
+## unit: the fast target — unit tests on fakes, no kernel namespaces, no API server.
 unit:
-	MESHD_SKIP_ROOT_TESTS=1 $(GO) test -short ./pkg/... ./cmd/...
+	$(GO) test -short ./pkg/... ./cmd/...
 
 vet:
 	$(GO) vet ./...

@@ -44,8 +44,8 @@ func (k *kernelNS) close() {
 // namespace for the rest of the test; it skips without root or binaries.
 func newKernelNS(tb testing.TB, backend string) *kernelNS {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root")
+	if os.Geteuid() != 0 || testing.Short() {
+		tb.Skip("needs root; skipped by -short (make unit)")
 	}
 	for _, fam := range []Family{IPv4, IPv6} {
 		if _, err := NewExecRunner(Options{Family: fam, Backend: backend}); err != nil {

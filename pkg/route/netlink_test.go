@@ -57,8 +57,8 @@ func removeStaleNamespaces() {
 // the namespace.
 func newTestNS(tb testing.TB) *testNS {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root (network namespaces)")
+	if os.Geteuid() != 0 || testing.Short() {
+		tb.Skip("needs root (network namespaces); skipped by -short (make unit)")
 	}
 	removeStaleNamespaces()
 	runtime.LockOSThread() // never unlocked: if restoring fails, the thread dies with the goroutine

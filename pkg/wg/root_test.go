@@ -26,8 +26,8 @@ import (
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, TUN)")
+	if os.Geteuid() != 0 || testing.Short() {
+		t.Skip("needs root (network namespaces, TUN); skipped by -short (make unit)")
 	}
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Skip("no /dev/net/tun")
