@@ -6,13 +6,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -189,43 +186,8 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	httpc := &http.Client{
-		Timeout: 2 * time.Second,
-		Transport: &http.Transport{
-			DialContext:     NetnsDialer(netnsPath(c.NS)),
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-		},
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	var last string
-	for {
-		if etcd.Exited() {
-			return fmt.Errorf("cluster %s: etcd exited: %v\n%s", c.Name, etcd.Err(), tail(etcd.LogPath, 30))
-		}
-		if apiserver.Exited() {
-			return fmt.Errorf("cluster %s: kube-apiserver exited: %v\n%s", c.Name, apiserver.Err(), tail(apiserver.LogPath, 30))
-		}
-		req, _ := http.NewRequestWithContext(ctx, "GET", c.APIServer()+"/readyz", nil)
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-		resp, err := httpc.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
-		} else {
-			last = err.Error()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cluster %s: kube-apiserver not ready after 90s: %s\n%s", c.Name, last, tail(apiserver.LogPath, 30))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+	if err := waitAPIServer(ctx, c.NS, c.APIServer()+"/readyz", c.Token, etcd, apiserver); err != nil {
+		return fmt.Errorf("cluster %s: %w", c.Name, err)
 	}
 	tb.Logf("cluster %s: kube-apiserver ready at %s (inside namespace %s)", c.Name, c.APIServer(), c.NS)
 

@@ -112,44 +112,9 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 	// certificate and its CA; it is written right at startup.
 	certFile := filepath.Join(cp, "certs", "apiserver.crt")
 	tb.Kubeconfig = filepath.Join(tb.Dir, "kubeconfig")
-	httpc := &http.Client{
-		Timeout: 2 * time.Second,
-		Transport: &http.Transport{
-			DialContext:     NetnsDialer(netnsPath(tb.CPNS)),
-			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-		},
-	}
 	url := fmt.Sprintf("https://%s:%d/readyz", APIServerAddr, APIServerPort)
-	deadline := time.Now().Add(90 * time.Second)
-	var last string
-	for {
-		if etcd.Exited() {
-			return fmt.Errorf("etcd exited: %v\n%s", etcd.Err(), tail(etcd.LogPath, 30))
-		}
-		if apiserver.Exited() {
-			return fmt.Errorf("kube-apiserver exited: %v\n%s", apiserver.Err(), tail(apiserver.LogPath, 30))
-		}
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-		req.Header.Set("Authorization", "Bearer "+tb.Token)
-		resp, err := httpc.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
-		} else {
-			last = err.Error()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver not ready after 90s: %s\n%s", last, tail(apiserver.LogPath, 30))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
+	if err := waitAPIServer(ctx, tb.CPNS, url, tb.Token, etcd, apiserver); err != nil {
+		return err
 	}
 	tb.Logf("kube-apiserver ready at https://%s:%d (inside namespace %s)", APIServerAddr, APIServerPort, tb.CPNS)
 
@@ -342,4 +307,48 @@ func apiClients(kubeconfig, ns string) (*rest.Config, kubernetes.Interface, dyna
 		return nil, nil, nil, fmt.Errorf("talking to the API server in %s with %s: %w", ns, kubeconfig, err)
 	}
 	return cfg, kube, dyn, nil
+}
+
+// waitAPIServer polls url (an API server's /readyz inside network namespace
+// ns) until it answers 200, failing early with the log tail if etcd or the
+// API server exits, and after 90 s.
+func waitAPIServer(ctx context.Context, ns, url, token string, etcd, apiserver *Proc) error {
+	httpc := &http.Client{
+		Timeout: 2 * time.Second,
+		Transport: &http.Transport{
+			DialContext:     NetnsDialer(netnsPath(ns)),
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+		},
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	var last string
+	for {
+		if etcd.Exited() {
+			return fmt.Errorf("etcd exited: %v\n%s", etcd.Err(), tail(etcd.LogPath, 30))
+		}
+		if apiserver.Exited() {
+			return fmt.Errorf("kube-apiserver exited: %v\n%s", apiserver.Err(), tail(apiserver.LogPath, 30))
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := httpc.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver not ready after 90s: %s\n%s", last, tail(apiserver.LogPath, 30))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
