@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/vishvananda/netlink"
+
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/route"
@@ -30,6 +32,12 @@ func cleanup(c *config, log *slog.Logger) error {
 		if err := ipt.Cleanup(); err != nil {
 			errs = append(errs, fmt.Errorf("removing iptables chains: %w", err))
 		}
+	}
+	// Open adopts an existing interface but would create a missing one: only
+	// open what is there (a kernel link, or the TUN of a userspace device).
+	if _, err := netlink.LinkByName(c.Interface); err != nil {
+		log.Info("no WireGuard interface to remove", "interface", c.Interface)
+		return errors.Join(errs...)
 	}
 	dev, err := wg.Open(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), Logger: log})
 	if err != nil {
