@@ -308,10 +308,21 @@ func (s *scenario) clearMeshdAnnotations(name string) {
 // Requirement 2: with a 3-node full mesh running, a burst of 150 new Nodes
 // (parallel creates) is on every node's WireGuard within 10 s, in few
 // reconciles; afterwards meshd is idle.
+//
+// The real nodes run the WireGuard device as its own process (`meshd
+// device`, adopted by meshd), so the CPU of meshd's control loop is
+// measured apart from WireGuard's: after peers are added, WireGuard tries
+// to handshake with each for 90 s (every 5 s), and the 150 fake endpoints
+// never answer. That cost is WireGuard's and is reported, not judged.
 func TestScaleBurst(t *testing.T) {
 	s := newScenario(t, true)
 	nodes := s.scaleMesh()
-	s.startMeshd(nodes, fullMesh...)
+	for _, n := range nodes {
+		if _, err := n.StartDevice(s.ctx, "meshd0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.startMeshd(nodes, append([]string{"--wireguard", "auto"}, fullMesh...)...)
 	pairs(nodes, func(a, b *testbed.Node) { s.pingEventually(pod(a), pod(b).IP, 30*time.Second) })
 	want := s.settledKeys(nodes)
 
@@ -357,48 +368,59 @@ func TestScaleBurst(t *testing.T) {
 	if worst > 10*time.Second {
 		t.Errorf("the burst took %s to reach every node's WireGuard, want <= 10 s", worst)
 	}
+	// 300 events; a reconcile runs at most every 300 ms while they keep
+	// coming (see cmd/meshd/coalesce.go), so a burst spread over even 4 s
+	// costs about 15.
 	for _, n := range nodes {
 		if d := settled[n.Name] - before[n.Name]; d > 20 {
-			t.Errorf("%s: %d reconciles for the burst, want few (coalesced)", n.Name, d)
+			t.Errorf("%s: %d reconciles for a burst of %d events, want few (coalesced)", n.Name, d, 2*burst)
 		}
 	}
 
-	// Idle CPU right after the burst (WireGuard still retries handshakes
-	// to the 150 unreachable fake endpoints, and a resync runs every 5 s).
+	// Idle CPU right after the burst (a resync runs every 5 s).
 	after, worstIdle := s.idleCPU(nodes, 20*time.Second)
-	t.Logf("idle CPU of meshd after the burst (153 nodes, resync 5 s): %s (before the burst, 3 nodes: %s)", after, baseline)
+	t.Logf("idle CPU after the burst (153 nodes, resync 5 s): %s (before the burst, 3 nodes: %s)", after, baseline)
 	if worstIdle > 5 {
 		t.Errorf("meshd used up to %.1f%% of a core while idle after the burst, want near zero", worstIdle)
 	}
 }
 
 // idleCPU measures the CPU used by every node's meshd over window, as a
-// share of one core, with the reconciles (and their total duration) and
-// the WireGuard handshake initiations (from wireguard-go's debug log) in
-// that window; it returns a summary and the highest share.
+// share of one core, with the reconciles (and their total duration) in
+// that window; and, for nodes whose WireGuard device is its own process,
+// that process's CPU and its handshake initiations (from wireguard-go's
+// debug log). It returns a summary and meshd's highest share.
 func (s *scenario) idleCPU(nodes []*testbed.Node, window time.Duration) (string, float64) {
 	initiations := func() map[string]int {
 		out := map[string]int{}
 		for _, n := range nodes {
-			b, _ := os.ReadFile(n.MeshdLog())
-			out[n.Name] = strings.Count(string(b), "Sending handshake initiation")
+			for _, p := range []*testbed.Proc{n.Meshd(), n.Device()} {
+				if p != nil {
+					b, _ := os.ReadFile(p.LogPath)
+					out[n.Name] += strings.Count(string(b), "Sending handshake initiation")
+				}
+			}
 		}
 		return out
 	}
-	cpu0, r0, h0 := s.meshdCPU(nodes), s.reconcileStats(nodes), initiations()
+	cpu0, r0, h0 := s.procCPU(nodes), s.reconcileStats(nodes), initiations()
 	w0 := time.Now()
 	time.Sleep(window)
-	cpu1, r1, h1 := s.meshdCPU(nodes), s.reconcileStats(nodes), initiations()
+	cpu1, r1, h1 := s.procCPU(nodes), s.reconcileStats(nodes), initiations()
 	elapsed := time.Since(w0).Seconds()
+	share := func(d time.Duration) float64 { return 100 * d.Seconds() / elapsed }
 	var per []string
 	worst := 0.0
 	for _, n := range nodes {
-		self := (cpu1[n.Name].self - cpu0[n.Name].self).Seconds()
-		all := self + (cpu1[n.Name].children - cpu0[n.Name].children).Seconds()
-		worst = max(worst, 100*all/elapsed)
-		per = append(per, fmt.Sprintf("%s %.2f%% (%.2f%% with children; %d reconciles taking %.0f ms in all; %d WireGuard handshake initiations)",
-			n.Name, 100*self/elapsed, 100*all/elapsed, r1[n.Name].count-r0[n.Name].count, 1000*(r1[n.Name].seconds-r0[n.Name].seconds),
-			h1[n.Name]-h0[n.Name]))
+		c0, c1 := cpu0[n.Name], cpu1[n.Name]
+		self, all := share(c1.meshd.self-c0.meshd.self), share(c1.meshd.all()-c0.meshd.all())
+		worst = max(worst, all)
+		line := fmt.Sprintf("%s: meshd %.2f%% (%.2f%% with children; %d reconciles taking %.0f ms in all)",
+			n.Name, self, all, r1[n.Name].count-r0[n.Name].count, 1000*(r1[n.Name].seconds-r0[n.Name].seconds))
+		if n.Device() != nil {
+			line += fmt.Sprintf(", its WireGuard device %.2f%%", share(c1.device.all()-c0.device.all()))
+		}
+		per = append(per, line+fmt.Sprintf(", %d WireGuard handshake initiations", h1[n.Name]-h0[n.Name]))
 	}
 	return fmt.Sprintf("over %.0f s, share of one core: %s", elapsed, strings.Join(per, "; ")), worst
 }
@@ -591,29 +613,44 @@ func metricSum(text, name string) float64 {
 
 type cpuTimes struct{ self, children time.Duration }
 
-// meshdCPU reads utime+stime (and cutime+cstime: waited-for children such
-// as iptables-restore) of each node's meshd process from /proc.
-func (s *scenario) meshdCPU(nodes []*testbed.Node) map[string]cpuTimes {
+func (c cpuTimes) all() time.Duration { return c.self + c.children }
+
+// nodeCPU is the CPU time of a node's meshd and of its `meshd device`
+// process (zero if it has none).
+type nodeCPU struct{ meshd, device cpuTimes }
+
+// procCPU reads the CPU times of each node's meshd and device processes.
+func (s *scenario) procCPU(nodes []*testbed.Node) map[string]nodeCPU {
 	s.t.Helper()
-	const tick = 10 * time.Millisecond // CLK_TCK 100
-	out := map[string]cpuTimes{}
+	out := map[string]nodeCPU{}
 	for _, n := range nodes {
-		pid := n.Meshd().Pid()
-		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "meshd" {
-			s.t.Fatalf("pid %d of %s is %q, not meshd", pid, n.Name, strings.TrimSpace(string(comm)))
+		c := nodeCPU{meshd: s.cpuOf(n.Name, n.Meshd().Pid())}
+		if d := n.Device(); d != nil {
+			c.device = s.cpuOf(n.Name, d.Pid())
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		st := string(b)
-		f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
-		// f[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17.
-		v := func(i int) time.Duration {
-			x, _ := strconv.ParseInt(f[i-3], 10, 64)
-			return time.Duration(x) * tick
-		}
-		out[n.Name] = cpuTimes{self: v(14) + v(15), children: v(16) + v(17)}
+		out[n.Name] = c
 	}
 	return out
+}
+
+// cpuOf reads utime+stime (and cutime+cstime: waited-for children such as
+// iptables-restore) of a meshd process from /proc.
+func (s *scenario) cpuOf(node string, pid int) cpuTimes {
+	s.t.Helper()
+	const tick = 10 * time.Millisecond // CLK_TCK 100
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "meshd" {
+		s.t.Fatalf("pid %d of %s is %q, not meshd", pid, node, strings.TrimSpace(string(comm)))
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	st := string(b)
+	f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
+	// f[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17.
+	v := func(i int) time.Duration {
+		x, _ := strconv.ParseInt(f[i-3], 10, 64)
+		return time.Duration(x) * tick
+	}
+	return cpuTimes{self: v(14) + v(15), children: v(16) + v(17)}
 }

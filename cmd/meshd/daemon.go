@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
@@ -27,11 +28,8 @@ import (
 )
 
 // queueKey is the only work item: every event asks for one full reconcile,
-// so a burst of events coalesces into one.
+// so a burst of events coalesces into one (see coalescer).
 const queueKey = "mesh"
-
-// coalesceDelay is how long an event waits for others to join it.
-const coalesceDelay = 50 * time.Millisecond
 
 // daemon wires the informers, the reconciler and the HTTP endpoints.
 type daemon struct {
@@ -43,6 +41,7 @@ type daemon struct {
 
 	nodes, peers, leases cache.SharedIndexInformer
 	queue                workqueue.TypedRateLimitingInterface[string]
+	coalesce             *coalescer
 	routes               *route.Manager
 	device               *device
 	links                *k8s.LinkWatcher
@@ -116,6 +115,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
 	}
+	d.coalesce = newCoalescer(clock.RealClock{}, coalesceQuiet, coalesceMaxWait, func() { d.queue.Add(queueKey) })
 	factory := informers.NewSharedInformerFactory(clients.Kube, c.ResyncPeriod)
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace))
@@ -131,7 +131,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 }
 
 // enqueue asks for a reconcile soon; repeated calls coalesce.
-func (d *daemon) enqueue() { d.queue.AddAfter(queueKey, coalesceDelay) }
+func (d *daemon) enqueue() { d.coalesce.signal() }
 
 func (d *daemon) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
@@ -214,7 +214,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	}
 	{ // the reconcile worker
 		wctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.work(wctx) }, func(error) { cancel(); d.queue.ShutDown() })
+		g.Add(func() error { return d.work(wctx) }, func(error) { cancel(); d.coalesce.stop(); d.queue.ShutDown() })
 	}
 	{ // periodic resync and liveness expiry
 		tctx, cancel := context.WithCancel(ctx)

@@ -45,6 +45,9 @@ func (n *Node) MeshdLog() string { return filepath.Join(n.Dir, "meshd.log") }
 // Meshd returns the running meshd process (nil if none was started).
 func (n *Node) Meshd() *Proc { return n.meshd }
 
+// Device returns the node's `meshd device` process (nil if none was started).
+func (n *Node) Device() *Proc { return n.device }
+
 // StartMeshd starts meshd on the node (logs appended to MeshdLog). It does
 // not wait for readiness (see WaitMeshdReady).
 func (n *Node) StartMeshd(extra ...string) error {
@@ -152,7 +155,7 @@ func (n *Node) Metrics(ctx context.Context) (string, error) {
 // waits for its UAPI socket.
 func (n *Node) StartDevice(ctx context.Context, iface string) (*Proc, error) {
 	p, err := n.tb.startProc("device-"+n.Name, filepath.Join(n.Dir, "device.log"),
-		n.Argv(n.tb.MeshdBinary, "device", "--interface", iface))
+		n.Argv(n.tb.MeshdBinary, "device", "--interface", iface, "--log-level", "debug"))
 	if err != nil {
 		return nil, err
 	}
