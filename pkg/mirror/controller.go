@@ -617,12 +617,8 @@ func (c *Controller) applySlices(ctx context.Context, k Key, name string, svc *c
 		if sliceUpToDate(h, w) && len(h.OwnerReferences) == 1 && h.OwnerReferences[0].UID == svc.UID {
 			continue
 		}
-		u := h.DeepCopy()
-		mergeMeta(&u.ObjectMeta, &w.ObjectMeta)
-		u.OwnerReferences = w.OwnerReferences
-		u.Ports, u.Endpoints = w.Ports, w.Endpoints
-		if _, err := api.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
-			errs = append(errs, fmt.Errorf("updating EndpointSlice %s/%s: %w", u.Namespace, u.Name, err))
+		if err := c.updateSlice(ctx, k, h, w); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		wrote = true
@@ -638,6 +634,36 @@ func (c *Controller) applySlices(ctx context.Context, k Key, name string, svc *c
 		return wrote, fmt.Errorf("syncing the EndpointSlices of mirror %s/%s of %s: %w", k.Namespace, name, k, err)
 	}
 	return wrote, nil
+}
+
+// updateSlice makes the existing slice h carry w's ports, endpoints and
+// meshd's metadata. The informer cache may lag meshd's own previous write
+// (back-to-back remote changes); on a conflict the slice is read again and
+// the update retried, instead of waiting for a backoff.
+func (c *Controller) updateSlice(ctx context.Context, k Key, h, w *discoveryv1.EndpointSlice) error {
+	api := c.local.DiscoveryV1().EndpointSlices(h.Namespace)
+	for attempt := 0; ; attempt++ {
+		u := h.DeepCopy()
+		mergeMeta(&u.ObjectMeta, &w.ObjectMeta)
+		u.OwnerReferences = w.OwnerReferences
+		u.Ports, u.Endpoints = w.Ports, w.Endpoints
+		_, err := api.Update(ctx, u, metav1.UpdateOptions{})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt == 2 {
+			return fmt.Errorf("updating EndpointSlice %s/%s: %w", u.Namespace, u.Name, err)
+		}
+		if h, err = api.Get(ctx, w.Name, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("reading EndpointSlice %s/%s after a conflict: %w", w.Namespace, w.Name, err)
+		}
+		if !ownedBy(h, k) {
+			return fmt.Errorf("EndpointSlice %s/%s exists and is not meshd's: left untouched", w.Namespace, w.Name)
+		}
+		if h.AddressType != w.AddressType {
+			return fmt.Errorf("EndpointSlice %s/%s changed its address type under meshd; retrying", w.Namespace, w.Name)
+		}
+	}
 }
 
 func (c *Controller) deleteSlice(ctx context.Context, sl *discoveryv1.EndpointSlice) error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"meshd.io/meshd/pkg/k8s"
 )
@@ -581,5 +583,34 @@ func TestDesiredSlicesDualStackAndChunks(t *testing.T) {
 	}
 	if validMirrorName(strings.Repeat("a", 61)+"-c1") == nil {
 		t.Errorf("a 63+ character mirror name is valid")
+	}
+}
+
+// The local cache can lag meshd's own previous write of a slice, so an
+// update meets a conflict; the slice is read again and the update retried
+// at once, not after a failed sync and a backoff.
+func TestSliceUpdateConflictRetried(t *testing.T) {
+	r := shopRemote("c1")
+	e := start(t, Options{}, nil, r)
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+
+	var conflicts atomic.Int32
+	e.local.PrependReactor("update", "endpointslices", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if conflicts.Add(1) == 1 {
+			sl := a.(clienttesting.UpdateAction).GetObject().(*discoveryv1.EndpointSlice)
+			return true, nil, apierrors.NewConflict(discoveryv1.Resource("endpointslices"), sl.Name,
+				fmt.Errorf("the object has been modified; please apply your changes to the latest version and try again"))
+		}
+		return false, nil, nil
+	})
+	r.updateService(t, "shop", "web", func(s *corev1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.7.7", []string{"10.96.7.7"}
+	})
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.7.7", true, 80)
+	if n := conflicts.Load(); n < 2 {
+		t.Fatalf("%d EndpointSlice updates, want the conflicting one and its retry", n)
+	}
+	if got := testutil.ToFloat64(e.metrics.errors.WithLabelValues("c1")); got != 0 {
+		t.Fatalf("%v sync errors counted, want 0 (the conflict is retried inside the sync)", got)
 	}
 }
