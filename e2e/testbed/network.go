@@ -89,6 +89,13 @@ func (tb *Testbed) newNetns(ctx context.Context, ns string, forwarding bool) err
 // attach plugs namespace ns into bridge (in gwNS) with a veth: "eth0" in ns,
 // hostIf in gwNS; it sets addresses and default routes.
 func (tb *Testbed) attach(ctx context.Context, gwNS, bridge, hostIf, ns string, a4, a6 netip.Prefix, gw4, gw6 netip.Addr) error {
+	// The kernel destroys the veths of a deleted namespace asynchronously,
+	// so the gateway end of one a previous test removed can still be there
+	// (RTNETLINK: File exists). It is ours (in our gateway namespace): delete
+	// it; the error of a concurrent disappearance does not matter.
+	if _, err := run(ctx, "ip", "-n", gwNS, "link", "show", hostIf); err == nil {
+		_, _ = run(ctx, "ip", "-n", gwNS, "link", "del", hostIf)
+	}
 	cmds := [][]string{
 		{"ip", "-n", gwNS, "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"ip", "-n", gwNS, "link", "set", hostIf, "master", bridge, "up"},
