@@ -9,6 +9,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -436,6 +437,20 @@ func TestMultiClusterLink(t *testing.T) {
 	s.crossTCP(b)
 	l2 := s.leaderOf(b.two)
 
+	// meshctl status on cluster 2 reads the link the way meshd does: cluster
+	// 1, reachable, with its leader as a peer of cluster 2's leader.
+	l1 := s.leaderOf(b.one)
+	st := s.admin(b, `meshctl --kubeconfig $KUBECONFIG2 --mesh-cidr $MESHCIDR2 status`)
+	for _, want := range []string{"LINKED CLUSTERS", "meshd-link-cluster1", "cluster-cluster1-" + l1.Name,
+		l2.Name + "  cluster cluster1: cluster-cluster1-" + l1.Name} {
+		if !strings.Contains(st, want) {
+			t.Errorf("meshctl status on cluster 2 lacks %q", want)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^cluster1\s+meshd-link-cluster1\s+\S+\s+\S+\s+\S+\s+ok$`).MatchString(st) {
+		t.Errorf("meshctl status on cluster 2: cluster1 not listed as ok")
+	}
+
 	// A new node (its own location: a new leader) in cluster 1.
 	s.location("c1b", false)
 	n3 := s.node(testbed.NodeOptions{Name: "c1n3", Location: "c1b"})
@@ -533,7 +548,7 @@ func TestMultiClusterLink(t *testing.T) {
 		}
 		return fmt.Errorf("no line in cluster 1's meshd logs")
 	})
-	l1 := s.leaderOf(b.one)
+	l1 = s.leaderOf(b.one)
 	d, err := l1.WG(ctx, "meshd0")
 	if err != nil {
 		t.Fatal(err)
@@ -573,7 +588,7 @@ const (
 
 // admin runs a shell command on the admin host and fails the test if it
 // fails.
-func (s *scenario) admin(b *mcBed, script string) {
+func (s *scenario) admin(b *mcBed, script string) string {
 	s.t.Helper()
 	env := s.adminHost(b)
 	out, err := b.admin.Exec(s.ctx, append(append([]string{"env"}, env...), "bash", "-c", script)...)
@@ -581,6 +596,7 @@ func (s *scenario) admin(b *mcBed, script string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	return out
 }
 
 // link links the two clusters both ways with `meshctl link` on the admin

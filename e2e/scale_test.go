@@ -368,9 +368,9 @@ func TestScaleBurst(t *testing.T) {
 	if worst > 10*time.Second {
 		t.Errorf("the burst took %s to reach every node's WireGuard, want <= 10 s", worst)
 	}
-	// 300 events; a reconcile runs at most every 300 ms while they keep
-	// coming (see cmd/meshd/coalesce.go), so a burst spread over even 4 s
-	// costs about 15.
+	// 300 events; while they keep coming, after 5 quick reconciles one runs
+	// at most every 500 ms (see cmd/meshd/coalesce.go), so a burst spread
+	// over even 4 s costs about 13.
 	for _, n := range nodes {
 		if d := settled[n.Name] - before[n.Name]; d > 20 {
 			t.Errorf("%s: %d reconciles for a burst of %d events, want few (coalesced)", n.Name, d, 2*burst)

@@ -142,6 +142,8 @@ type model struct {
 	Topo *mesh.Topology
 	// Notes are problems worth a line on stderr.
 	Notes []string
+	// Linked are the linked clusters (status only).
+	Linked []linkedCluster
 }
 
 // pskPlaceholder stands for a preshared key meshctl does not read: Peers

@@ -219,6 +219,11 @@ func (m *model) links() (ls []link, problems []string) {
 		for _, p := range t.Peers {
 			ls = append(ls, link{From: a.Leader, To: "peer " + p.Name, Key: p.PublicKey, Handshake: age(p.PublicKey)})
 		}
+		for _, lc := range m.Linked {
+			for _, p := range lc.Peers {
+				ls = append(ls, link{From: a.Leader, To: "cluster " + lc.Settings.Name + ": " + p.Name, Key: p.PublicKey, Handshake: age(p.PublicKey)})
+			}
+		}
 	}
 	return ls, problems
 }
@@ -296,7 +301,27 @@ func renderStatus(m *model) string {
 	}
 	table("PEERS", "NAME\tENDPOINT\tALLOWED IPS\tKEEPALIVE\tUSABLE", rows)
 
+	if len(m.Linked) > 0 {
+		rows = nil
+		for _, lc := range m.Linked {
+			state := "ok"
+			if lc.Err != nil {
+				state = lc.Err.Error()
+			}
+			var leaders []string
+			for _, p := range lc.Peers {
+				leaders = append(leaders, p.Name)
+			}
+			rows = append(rows, []string{orDash(lc.Settings.Name), lc.Secret, orDash(lc.Server),
+				orDash(joinPrefixes(lc.Settings.ServiceCIDRs, ",")), orDash(strings.Join(leaders, ",")), state})
+		}
+		table("LINKED CLUSTERS", "CLUSTER\tSECRET\tSERVER\tSERVICE CIDRS\tPEERS (REMOTE LEADERS)\tSTATE", rows)
+	}
+
 	ls, problems := m.links()
+	for _, lc := range m.Linked {
+		problems = append(problems, lc.Problems...)
+	}
 	rows = nil
 	for _, l := range ls {
 		rows = append(rows, []string{l.From, l.To, l.Handshake})

@@ -58,7 +58,10 @@ type env struct {
 	now            func() time.Time
 	// resolve resolves Peer endpoint names (nil: the system resolver).
 	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
-	s       settings
+	// remoteClients builds clients from a link Secret's kubeconfig (nil:
+	// remoteClientsFromKubeconfig).
+	remoteClients func(kubeconfig []byte) (*k8s.Clients, error)
+	s             settings
 }
 
 func newRootCommand(e *env) *cobra.Command {
@@ -275,13 +278,22 @@ func newStatusCommand(e *env) *cobra.Command {
 mesh IPs, whether it published a WireGuard key, whether its heartbeat Lease
 is fresh), every location with its leader, the outside Peers, and every
 WireGuard link with the age of its latest handshake in seconds as the
-leaders published it ("-" when unknown). Problems found in the objects are
-listed last.`,
+leaders published it ("-" when unknown). Clusters linked with "meshctl link"
+are read through their link Secrets (in --lease-namespace) the way meshd
+reads them: their location leaders appear as this cluster's links. Problems
+found in the objects are listed last.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := e.load(cmd.Context())
 			if err != nil {
 				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
+			defer cancel()
+			var notes []string
+			m.Linked, notes = e.linkedClusters(ctx, m)
+			for _, n := range notes {
+				fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
 			}
 			_, err = io.WriteString(e.stdout, renderStatus(m))
 			return err

@@ -185,7 +185,11 @@ func runMeshctl(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Clientset,
 
 func fixtureClients() (*kubefake.Clientset, *meshdfake.Clientset) {
 	nodes, leases, peers := fixture()
-	return kubefake.NewClientset(append(nodes, leases...)...), meshdfake.NewSimpleClientset(peers...)
+	return kubefake.NewClientset(append(nodes, leases...)...), fixtureMeshd(peers)
+}
+
+func fixtureMeshd(peers []runtime.Object) *meshdfake.Clientset {
+	return meshdfake.NewSimpleClientset(peers...)
 }
 
 func golden(t *testing.T, name, got string) {

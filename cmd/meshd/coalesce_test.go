@@ -18,11 +18,19 @@ func TestCoalescer(t *testing.T) {
 		until     time.Duration
 		wantFires []time.Duration // when fire must have run (10 ms resolution)
 	}{
-		{"one signal fires after the quiet time", []time.Duration{0}, 500 * ms, []time.Duration{50 * ms}},
-		{"signals inside the quiet time join", []time.Duration{0, 20 * ms, 40 * ms}, 500 * ms, []time.Duration{90 * ms}},
-		{"separate signals fire separately", []time.Duration{0, 200 * ms}, 500 * ms, []time.Duration{50 * ms, 250 * ms}},
-		{"a steady stream fires every max wait", every(0, 1000*ms, 20*ms), 1500 * ms,
-			[]time.Duration{300 * ms, 600 * ms, 900 * ms, 1050 * ms}},
+		{"one signal fires after the delay", []time.Duration{0}, 500 * ms, []time.Duration{50 * ms}},
+		{"signals within the delay join the first", []time.Duration{0, 20 * ms, 40 * ms}, 500 * ms, []time.Duration{50 * ms}},
+		{"later signals are not held back by earlier ones", []time.Duration{0, 60 * ms, 120 * ms}, 500 * ms,
+			[]time.Duration{50 * ms, 110 * ms, 170 * ms}},
+		// A cold start: a few events close together still go at 50 ms each.
+		{"a few quick groups use the bucket", every(0, 400*ms, 100*ms), 1000 * ms,
+			[]time.Duration{50 * ms, 150 * ms, 250 * ms, 350 * ms, 450 * ms}},
+		// A burst: five at 50 ms spacing (the bucket refilling a little
+		// meanwhile), then one per 500 ms.
+		{"a steady stream is spaced out once the bucket is empty", every(0, 2000*ms, 10*ms), 3000 * ms,
+			[]time.Duration{50 * ms, 100 * ms, 150 * ms, 200 * ms, 250 * ms, 550 * ms, 1050 * ms, 1550 * ms, 2050 * ms}},
+		{"the bucket refills while idle", append(every(0, 300*ms, 10*ms), every(2000*ms, 2300*ms, 10*ms)...), 3000 * ms,
+			[]time.Duration{50 * ms, 100 * ms, 150 * ms, 200 * ms, 250 * ms, 550 * ms, 2050 * ms, 2100 * ms, 2150 * ms, 2550 * ms}},
 		{"nothing, no fire", nil, 500 * ms, nil},
 	}
 	for _, tc := range cases {
@@ -31,7 +39,7 @@ func TestCoalescer(t *testing.T) {
 			clk := clocktesting.NewFakeClock(start)
 			// The fake clock runs AfterFunc functions inside Step.
 			var fires atomic.Int32
-			c := newCoalescer(clk, coalesceQuiet, coalesceMaxWait, func() { fires.Add(1) })
+			c := newCoalescer(clk, coalesceDelay, coalesceInterval, coalesceBurst, func() { fires.Add(1) })
 			var got []time.Duration
 			next := 0
 			for now := time.Duration(0); now <= tc.until; now += 10 * ms {
@@ -59,7 +67,7 @@ func TestCoalescer(t *testing.T) {
 func TestCoalescerStop(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	var n atomic.Int32
-	c := newCoalescer(clk, coalesceQuiet, coalesceMaxWait, func() { n.Add(1) })
+	c := newCoalescer(clk, coalesceDelay, coalesceInterval, coalesceBurst, func() { n.Add(1) })
 	c.signal()
 	c.stop()
 	clk.Step(time.Second)

@@ -115,7 +115,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
 	}
-	d.coalesce = newCoalescer(clock.RealClock{}, coalesceQuiet, coalesceMaxWait, func() { d.queue.Add(queueKey) })
+	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	factory := informers.NewSharedInformerFactory(clients.Kube, c.ResyncPeriod)
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace))

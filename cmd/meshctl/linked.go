@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mesh"
+)
+
+// linkedCluster is a cluster linked with `meshctl link`, as meshd on this
+// cluster's leaders sees it: read through the link Secret's credentials.
+type linkedCluster struct {
+	Secret   string
+	Settings k8s.LinkSettings
+	Server   string
+	// Peers are the remote location leaders as this cluster's meshd peers
+	// them (what k8s.RemotePeers gives meshd).
+	Peers []mesh.Peer
+	// Problems are ranges meshd does not route (overlaps).
+	Problems []string
+	// Err: the Secret is unusable or the cluster did not answer.
+	Err error
+}
+
+// remoteClientsFromKubeconfig builds clients from a link Secret's kubeconfig.
+func remoteClientsFromKubeconfig(kc []byte) (*k8s.Clients, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		return nil, fmt.Errorf("parsing its kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "meshctl"
+	return k8s.NewClientsForConfig(cfg)
+}
+
+// linkedClusters reads the link Secrets in the lease namespace and, through
+// each, the linked cluster's Nodes. Not being allowed to read Secrets is a
+// note, not an error: status then shows this cluster alone.
+func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []string) {
+	c, err := e.newClients(e.s.kubeconfig)
+	if err != nil {
+		return nil, []string{fmt.Sprintf("linked clusters not shown: %v", err)}
+	}
+	sl, err := c.Kube.CoreV1().Secrets(e.s.leaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: k8s.LabelClusterLink + "=true"})
+	switch {
+	case apierrors.IsForbidden(err):
+		return nil, []string{fmt.Sprintf("linked clusters not shown: not allowed to list Secrets in namespace %s", e.s.leaseNamespace)}
+	case err != nil:
+		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", e.s.leaseNamespace, shortError(err))}
+	}
+	local := slices.Clone(m.Opts.MeshCIDRs)
+	for _, n := range m.Input.Nodes {
+		local = append(local, n.PodCIDRs...)
+	}
+	newRemote := e.remoteClients
+	if newRemote == nil {
+		newRemote = remoteClientsFromKubeconfig
+	}
+	var out []linkedCluster
+	for i := range sl.Items {
+		s := &sl.Items[i]
+		lc := linkedCluster{Secret: s.Name}
+		settings, kc, err := k8s.LinkFromSecret(s)
+		lc.Settings = settings
+		if err != nil {
+			lc.Err = err
+			out = append(out, lc)
+			continue
+		}
+		lc.Peers, lc.Server, lc.Problems, lc.Err = readLinked(ctx, settings, kc, local, newRemote)
+		out = append(out, lc)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Settings.Name < out[j].Settings.Name })
+	return out, nil
+}
+
+func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local []netip.Prefix, newRemote func([]byte) (*k8s.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
+	rc, err := newRemote(kc)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("cluster %s: %w", ls.Name, err)
+	}
+	if rc.Config != nil {
+		server = rc.Config.Host
+	}
+	nl, err := rc.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, server, nil, fmt.Errorf("cluster %s: listing its Nodes: %s", ls.Name, shortError(err))
+	}
+	nodes := make([]*corev1.Node, len(nl.Items))
+	for i := range nl.Items {
+		nodes[i] = &nl.Items[i]
+	}
+	peers, errs := k8s.RemotePeers(ls, nodes, local)
+	for _, e := range errs {
+		problems = append(problems, e.Error())
+	}
+	return peers, server, problems, nil
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	clienttesting "k8s.io/client-go/testing"
+
+	"meshd.io/meshd/pkg/k8s"
+)
+
+func linkSecret(cluster string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: k8s.LinkSecretPrefix + cluster, Namespace: "meshd-system",
+			Labels: map[string]string{k8s.LabelClusterLink: "true"},
+			Annotations: map[string]string{
+				k8s.AnnotationRemoteCluster:      cluster,
+				k8s.AnnotationRemoteServiceCIDRs: "10.112.0.0/12",
+				k8s.AnnotationRemoteMeshCIDRs:    "10.8.0.0/16",
+			},
+		},
+		Data: map[string][]byte{k8s.LinkKubeconfigKey: []byte("kubeconfig of " + cluster)},
+	}
+}
+
+// statusWithLinks runs meshctl status over the fixture plus the given local
+// objects, with remote clusters served by remotes (by kubeconfig content).
+func statusWithLinks(t *testing.T, local []runtime.Object, remotes map[string]*kubefake.Clientset, react func(*kubefake.Clientset)) result {
+	t.Helper()
+	nodes, leases, peers := fixture()
+	kube, md := kubefake.NewClientset(append(append(nodes, leases...), local...)...), fixtureMeshd(peers)
+	if react != nil {
+		react(kube)
+	}
+	var stdout, stderr bytes.Buffer
+	e := &env{
+		stdout: &stdout, stderr: &stderr,
+		newClients: func(string) (*k8s.Clients, error) {
+			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
+		},
+		remoteClients: func(kc []byte) (*k8s.Clients, error) {
+			cluster := strings.TrimPrefix(string(kc), "kubeconfig of ")
+			r, ok := remotes[cluster]
+			if !ok {
+				return nil, fmt.Errorf("no fake cluster %q", cluster)
+			}
+			return &k8s.Clients{Kube: r, Config: &rest.Config{Host: "https://" + cluster + ".example:6443"}}, nil
+		},
+		now:     func() time.Time { return now },
+		resolve: fakeResolve,
+	}
+	code := e.execute([]string{"status"})
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func TestStatusShowsLinkedClusters(t *testing.T) {
+	// eu-1 (leader of eu) published a handshake with c2's leader 12 s ago.
+	nodes, _, _ := fixture()
+	eu1 := nodes[0].(*corev1.Node)
+	eu1.Annotations[AnnotationHandshakes] = fmt.Sprintf(`{%q: %d}`, pub(20).String(), now.Add(-12*time.Second).Unix())
+	c2 := kubefake.NewClientset(
+		node(nodeSpec{name: "c2-a", region: "x", internal: "192.168.9.1", external: "198.51.100.9", pod: "10.9.0.0/24", key: 20}),
+		// Its pod range overlaps eu-1's: reported, not routed.
+		node(nodeSpec{name: "c2-b", region: "y", internal: "192.168.9.2", external: "198.51.100.10", pod: "10.1.0.0/25", key: 21}),
+	)
+	down := kubefake.NewClientset()
+	down.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("dial tcp 198.51.100.99:6443: connect: connection refused")
+	})
+	r := statusWithLinks(t, []runtime.Object{linkSecret("c2"), linkSecret("c3")}, map[string]*kubefake.Clientset{"c2": c2, "c3": down},
+		func(kube *kubefake.Clientset) {
+			// Replace eu-1 with the copy carrying the handshake.
+			if _, err := kube.CoreV1().Nodes().Update(context.Background(), eu1, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr %s", r.code, r.stderr)
+	}
+	for _, want := range []string{
+		"LINKED CLUSTERS",
+		"c2       meshd-link-c2  https://c2.example:6443  10.112.0.0/12",
+		"cluster-c2-c2-a,cluster-c2-c2-b",
+		"c3       meshd-link-c3  https://c3.example:6443",
+		"cluster c3: listing its Nodes: ",
+		"eu-1  cluster c2: cluster-c2-c2-a",
+		"cluster c2: 10.1.0.0/25 (via c2-b) overlaps local range 10.1.0.0/24: not routed",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	// The handshake age is on eu-1's link to c2-a.
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, "eu-1") && strings.Contains(l, "cluster-c2-c2-a") && !strings.HasSuffix(strings.TrimSpace(l), "12s") {
+			t.Errorf("link line %q: want the handshake age 12s", l)
+		}
+	}
+}
+
+func TestStatusLinkSecretsForbidden(t *testing.T) {
+	r := statusWithLinks(t, nil, nil, func(kube *kubefake.Clientset) {
+		kube.PrependReactor("list", "secrets", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), "", errors.New("no"))
+		})
+	})
+	if r.code != 0 || !strings.Contains(r.stderr, "linked clusters not shown: not allowed to list Secrets in namespace meshd-system") {
+		t.Errorf("code %d stderr %q", r.code, r.stderr)
+	}
+	if strings.Contains(r.stdout, "LINKED CLUSTERS") || !strings.Contains(r.stdout, "WIREGUARD LINKS") {
+		t.Errorf("status without links:\n%s", r.stdout)
+	}
+}
