@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,5 +196,71 @@ func TestDualStack(t *testing.T) {
 	for _, n := range nodes {
 		ips := s.annotation(n, testbed.AnnotationWGIP)
 		t.Logf("%s: %s=%s", n.Name, testbed.AnnotationWGIP, ips)
+	}
+}
+
+// NAT traversal: c1 sits behind its location's NAT box (MASQUERADE), with
+// only a private address; a1 and b1 have public ones. With
+// meshd.io/persistent-keepalive on c1, c1 reaches both; a1 and b1 learn
+// c1's NATed endpoint from its handshakes, a1 publishes it in
+// meshd.io/discovered-endpoints, and traffic towards c1 keeps working
+// across resyncs: meshd does not put c1's unreachable private endpoint
+// back into WireGuard.
+func TestNAT(t *testing.T) {
+	s := newScenario(t, true)
+	s.location("a", false)
+	s.location("b", false)
+	natted := s.location("c", true)
+	a1 := s.node(testbed.NodeOptions{Name: "a1", Location: "a"})
+	b1 := s.node(testbed.NodeOptions{Name: "b1", Location: "b"})
+	c1 := s.node(testbed.NodeOptions{Name: "c1", Location: "c", Annotations: map[string]string{"meshd.io/persistent-keepalive": "5"}})
+	nodes := []*testbed.Node{a1, b1, c1}
+	s.startMeshd(nodes, "--mesh-granularity", "full")
+
+	keyC := s.pubKey(c1)
+	for _, n := range []*testbed.Node{a1, b1} {
+		s.pingEventually(pod(c1), pod(n).IP, 60*time.Second)
+		s.pingEventually(pod(n), pod(c1).IP, 30*time.Second)
+	}
+	natEndpoint := func(n *testbed.Node) error {
+		d, err := n.WG(s.ctx, "meshd0")
+		if err != nil {
+			return err
+		}
+		p := d.Peer(keyC)
+		if p == nil {
+			return fmt.Errorf("%s has no peer for c1", n.Name)
+		}
+		if host, _, _ := strings.Cut(p.Endpoint, ":"); host != natted.PublicIP.String() {
+			return fmt.Errorf("%s: c1's endpoint %s, want the NAT box's %s", n.Name, p.Endpoint, natted.PublicIP)
+		}
+		return nil
+	}
+	for _, n := range []*testbed.Node{a1, b1} {
+		s.eventually(10*time.Second, 250*time.Millisecond, "c1's NATed endpoint on "+n.Name, func() error { return natEndpoint(n) })
+	}
+	s.eventually(30*time.Second, 500*time.Millisecond, "a1 publishes c1's discovered endpoint", func() error {
+		obj, err := a1.Object(s.ctx)
+		if err != nil {
+			return err
+		}
+		v := obj.Annotations["meshd.io/discovered-endpoints"]
+		if !strings.Contains(v, keyC) || !strings.Contains(v, natted.PublicIP.String()+":") {
+			return fmt.Errorf("meshd.io/discovered-endpoints = %q, want c1's key at %s", v, natted.PublicIP)
+		}
+		return nil
+	})
+
+	// Two resyncs later (5 s each in the e2e), the NATed endpoint is still
+	// in use and traffic towards c1 still flows.
+	time.Sleep(11 * time.Second)
+	for _, n := range []*testbed.Node{a1, b1} {
+		if err := natEndpoint(n); err != nil {
+			t.Error(err)
+		}
+		s.pingOK(pod(n), pod(c1).IP, 3)
+	}
+	if err := pod(a1).Transfer(s.ctx, pod(c1), pod(c1).IP, 1<<20); err != nil {
+		t.Errorf("TCP a1 -> c1: %v", err)
 	}
 }
