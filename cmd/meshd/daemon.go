@@ -226,6 +226,10 @@ func (d *daemon) Run(ctx context.Context) error {
 			return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
 		}, func(error) { cancel() })
 	}
+	{ // the WireGuard interface deleted or recreated: its routes went with it
+		wctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return wg.WatchLink(wctx, d.log, d.cfg.Interface, d.enqueue) }, func(error) { cancel() })
+	}
 	if d.links != nil { // linked clusters
 		lctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return d.links.Run(lctx) }, func(error) { cancel() })
