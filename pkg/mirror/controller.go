@@ -594,12 +594,8 @@ func (c *Controller) applySlices(ctx context.Context, k Key, name string, svc *c
 				errs = append(errs, fmt.Errorf("creating EndpointSlice %s/%s: %w", w.Namespace, w.Name, err))
 				continue
 			}
-			if h, err = api.Get(ctx, w.Name, metav1.GetOptions{}); err != nil {
-				errs = append(errs, fmt.Errorf("reading EndpointSlice %s/%s: %w", w.Namespace, w.Name, err))
-				continue
-			}
-			if !ownedBy(h, k) {
-				errs = append(errs, fmt.Errorf("EndpointSlice %s/%s exists and is not meshd's: left untouched", w.Namespace, w.Name))
+			if h, err = c.getOwnedSlice(ctx, k, w.Namespace, w.Name); err != nil {
+				errs = append(errs, err)
 				continue
 			}
 		}
@@ -654,16 +650,26 @@ func (c *Controller) updateSlice(ctx context.Context, k Key, h, w *discoveryv1.E
 		if !apierrors.IsConflict(err) || attempt == 2 {
 			return fmt.Errorf("updating EndpointSlice %s/%s: %w", u.Namespace, u.Name, err)
 		}
-		if h, err = api.Get(ctx, w.Name, metav1.GetOptions{}); err != nil {
-			return fmt.Errorf("reading EndpointSlice %s/%s after a conflict: %w", w.Namespace, w.Name, err)
-		}
-		if !ownedBy(h, k) {
-			return fmt.Errorf("EndpointSlice %s/%s exists and is not meshd's: left untouched", w.Namespace, w.Name)
+		if h, err = c.getOwnedSlice(ctx, k, w.Namespace, w.Name); err != nil {
+			return err
 		}
 		if h.AddressType != w.AddressType {
 			return fmt.Errorf("EndpointSlice %s/%s changed its address type under meshd; retrying", w.Namespace, w.Name)
 		}
 	}
+}
+
+// getOwnedSlice reads a slice from the API server (the cache was behind:
+// a create found it, or an update conflicted) and checks it is k's mirror's.
+func (c *Controller) getOwnedSlice(ctx context.Context, k Key, namespace, name string) (*discoveryv1.EndpointSlice, error) {
+	sl, err := c.local.DiscoveryV1().EndpointSlices(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading EndpointSlice %s/%s: %w", namespace, name, err)
+	}
+	if !ownedBy(sl, k) {
+		return nil, fmt.Errorf("EndpointSlice %s/%s exists and is not meshd's: left untouched", namespace, name)
+	}
+	return sl, nil
 }
 
 func (c *Controller) deleteSlice(ctx context.Context, sl *discoveryv1.EndpointSlice) error {
