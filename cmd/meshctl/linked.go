@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -56,10 +55,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	case err != nil:
 		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", e.s.leaseNamespace, shortError(err))}
 	}
-	local := slices.Clone(m.Opts.MeshCIDRs)
-	for _, n := range m.Input.Nodes {
-		local = append(local, n.PodCIDRs...)
-	}
+	local := k8s.LocalRanges(m.Opts, m.Input.Nodes) // meshctl knows no service CIDR
 	newRemote := e.remoteClients
 	if newRemote == nil {
 		newRemote = remoteClientsFromKubeconfig

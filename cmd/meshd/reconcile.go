@@ -259,10 +259,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		return nil
 	}
 	remotes := r.links.Snapshot()
-	local := slices.Concat(r.opts.MeshCIDRs, r.opts.ServiceCIDRs)
-	for _, n := range nodes {
-		local = append(local, n.PodCIDRs...)
-	}
+	local := k8s.LocalRanges(r.opts, nodes)
 	var peers []mesh.Peer
 	seen := make(map[string]bool, len(remotes))
 	for _, rc := range remotes {

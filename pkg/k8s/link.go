@@ -121,6 +121,17 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 	return ls, kc, nil
 }
 
+// LocalRanges are the ranges of the local cluster a linked cluster's ranges
+// must not overlap (RemotePeers' local): its mesh and service CIDRs and
+// every node's pod CIDRs.
+func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
+	local := slices.Concat(opts.MeshCIDRs, opts.ServiceCIDRs)
+	for _, n := range nodes {
+		local = append(local, n.PodCIDRs...)
+	}
+	return local
+}
+
 // RemotePeers computes the Peers a linked cluster contributes: one per
 // location leader of the remote mesh, with everything routed through it. The
 // remote service CIDRs go to the first leader only (WireGuard routes one
