@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"meshd.io/meshd/pkg/k8s"
+	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 )
 
 func linkSecret(cluster string) *corev1.Secret {
@@ -40,29 +40,20 @@ func linkSecret(cluster string) *corev1.Secret {
 func statusWithLinks(t *testing.T, local []runtime.Object, remotes map[string]*kubefake.Clientset, react func(*kubefake.Clientset)) result {
 	t.Helper()
 	nodes, leases, peers := fixture()
-	kube, md := kubefake.NewClientset(append(append(nodes, leases...), local...)...), fixtureMeshd(peers)
+	kube, md := kubefake.NewClientset(append(append(nodes, leases...), local...)...), meshdfake.NewSimpleClientset(peers...)
 	if react != nil {
 		react(kube)
 	}
-	var stdout, stderr bytes.Buffer
-	e := &env{
-		stdout: &stdout, stderr: &stderr,
-		newClients: func(string) (*k8s.Clients, error) {
-			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
-		},
-		remoteClients: func(kc []byte) (*k8s.Clients, error) {
+	return runMeshctlWith(t, kube, md, func(e *env) {
+		e.remoteClients = func(kc []byte) (*k8s.Clients, error) {
 			cluster := strings.TrimPrefix(string(kc), "kubeconfig of ")
 			r, ok := remotes[cluster]
 			if !ok {
 				return nil, fmt.Errorf("no fake cluster %q", cluster)
 			}
 			return &k8s.Clients{Kube: r, Config: &rest.Config{Host: "https://" + cluster + ".example:6443"}}, nil
-		},
-		now:     func() time.Time { return now },
-		resolve: fakeResolve,
-	}
-	code := e.execute([]string{"status"})
-	return result{code, stdout.String(), stderr.String()}
+		}
+	}, "status")
 }
 
 func TestStatusShowsLinkedClusters(t *testing.T) {

@@ -169,6 +169,12 @@ type result struct {
 // runMeshctl runs meshctl against fake clientsets.
 func runMeshctl(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Clientset, args ...string) result {
 	t.Helper()
+	return runMeshctlWith(t, kube, md, nil, args...)
+}
+
+// runMeshctlWith is runMeshctl with the env adjusted by adjust (if not nil).
+func runMeshctlWith(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Clientset, adjust func(*env), args ...string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	e := &env{
 		stdout: &stdout,
@@ -178,6 +184,9 @@ func runMeshctl(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Clientset,
 		},
 		now:     func() time.Time { return now },
 		resolve: fakeResolve,
+	}
+	if adjust != nil {
+		adjust(e)
 	}
 	code := e.execute(args)
 	return result{code, stdout.String(), stderr.String()}
