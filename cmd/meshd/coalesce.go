@@ -56,11 +56,12 @@ func (c *coalescer) signal() {
 		return
 	}
 	c.pending = true
-	at := c.clock.Now().Add(c.delay)
+	now := c.clock.Now()
+	at := now.Add(c.delay)
 	if tk := c.tokensAt(at); tk < 1 {
 		at = at.Add(time.Duration((1 - tk) * float64(c.interval)))
 	}
-	c.timer = c.clock.AfterFunc(at.Sub(c.clock.Now()), func() { c.expire(at) })
+	c.timer = c.clock.AfterFunc(at.Sub(now), func() { c.expire(at) })
 }
 
 // expire fires the pending group; at is when it was due (the bucket is
