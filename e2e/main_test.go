@@ -5,7 +5,8 @@
 //
 //	go test -tags e2e -v -timeout 20m ./e2e/...
 //
-// Environment: E2E_KEEP=1 leaves the last testbed running (inspect with
+// Environment: E2E_PREFIX=xy- runs on a testbed of its own (default me2e-);
+// E2E_KEEP=1 leaves the last testbed running (inspect with
 // /tmp/me2e/kubectl and /tmp/me2e/nodes/<node>/exec); MESHD_CACHE moves the
 // kube binaries cache.
 package e2e
@@ -39,7 +40,9 @@ func TestMain(m *testing.M) {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	ctx := context.Background()
 	var err error
-	tb, err = testbed.New(testbed.Config{Logf: log.Printf})
+	// E2E_PREFIX lets two runs (say, two worktrees) share this machine:
+	// each gets its own namespaces, directory and lock.
+	tb, err = testbed.New(testbed.Config{Prefix: os.Getenv("E2E_PREFIX"), Logf: log.Printf})
 	if err != nil {
 		log.Fatal(err)
 	}
