@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test charts unit vet fmt-check root e2e bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check root e2e flake bench generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -32,6 +32,15 @@ root:
 ## e2e: real kube-apiserver + etcd, namespace nodes, real traffic.
 e2e: deps kube-binaries
 	$(GO) test -tags e2e -count=1 -timeout 40m -v ./e2e/...
+
+## flake: the repeat run that hunts flakes and races before they reach CI: every
+## package test with -race -count=5 (one package at a time, so a shared machine
+## is not swamped), then the whole e2e suite three times (meshd, meshctl and
+## e2etool are built with -race; E2E_RACE=0 turns that off). A flake here is a
+## red build.
+flake: deps kube-binaries
+	for p in $$($(GO) list ./pkg/... ./cmd/...); do $(GO) test -race -count=5 $$p || exit 1; done
+	for i in 1 2 3; do $(GO) test -tags e2e -count=1 -timeout 40m -v ./e2e/... || exit 1; done
 
 ## charts: helm lint and helm template of charts/meshd (helm is built once into $(MESHD_CACHE)).
 charts:

@@ -195,7 +195,8 @@ func meshctl(t *testing.T) string {
 	t.Helper()
 	meshctlOnce.Do(func() {
 		meshctlPath = filepath.Join(tb.Dir, "bin", "meshctl")
-		cmd := osexec.Command("go", "build", "-o", meshctlPath, "./cmd/meshctl")
+		args := append(append([]string{"build"}, testbed.BuildFlags()...), "-o", meshctlPath, "./cmd/meshctl")
+		cmd := osexec.Command("go", args...)
 		cmd.Dir = tb.RepoRoot
 		if out, err := cmd.CombinedOutput(); err != nil {
 			meshctlErr = fmt.Errorf("go build ./cmd/meshctl: %w\n%s", err, out)

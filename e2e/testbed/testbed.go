@@ -179,15 +179,29 @@ func (tb *Testbed) MeshdSourcePresent() bool {
 	return err == nil
 }
 
+// BuildFlags are the `go build` flags of every binary the e2e suite runs:
+// -race unless E2E_RACE=0, so a data race in meshd under real traffic is
+// reported in its log and makes it exit 66, which a test that stops meshd
+// sees. E2E_RACE=0 is for timing scenarios the race detector slows too much.
+func BuildFlags() []string {
+	if os.Getenv("E2E_RACE") == "0" {
+		return nil
+	}
+	return []string{"-race"}
+}
+
 // BuildBinaries builds the e2etool helper and, if withMeshd, meshd into
-// Dir/bin.
+// Dir/bin (with BuildFlags).
 func (tb *Testbed) BuildBinaries(ctx context.Context, withMeshd bool) error {
 	if err := os.MkdirAll(filepath.Join(tb.Dir, "bin"), 0o755); err != nil {
 		return err
 	}
-	builds := [][]string{{"go", "build", "-tags", "e2e", "-o", tb.ToolBinary, "./e2e/cmd/e2etool"}}
+	build := func(args ...string) []string {
+		return append(append([]string{"go", "build"}, BuildFlags()...), args...)
+	}
+	builds := [][]string{build("-tags", "e2e", "-o", tb.ToolBinary, "./e2e/cmd/e2etool")}
 	if withMeshd {
-		builds = append(builds, []string{"go", "build", "-o", tb.MeshdBinary, "./cmd/meshd"})
+		builds = append(builds, build("-o", tb.MeshdBinary, "./cmd/meshd"))
 	}
 	for _, b := range builds {
 		tb.Logf("building: %s", strings.Join(b, " "))

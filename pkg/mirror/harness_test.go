@@ -96,8 +96,19 @@ func testLogger(t testing.TB) *slog.Logger {
 // start runs a Controller over local objects and remotes.
 func start(t *testing.T, opts Options, local []runtime.Object, remotes ...*fakeRemote) *env {
 	t.Helper()
+	return startWith(t, opts, nil, local, remotes...)
+}
+
+// startWith is start with prepare run on the local fake client before the
+// Controller starts. Reactors must be installed there: the fake's reactor
+// chain is not safe to change while the Controller's goroutines call it.
+func startWith(t *testing.T, opts Options, prepare func(*fake.Clientset), local []runtime.Object, remotes ...*fakeRemote) *env {
+	t.Helper()
 	e := &env{t: t, local: fake.NewClientset(local...), rec: record.NewFakeRecorder(100),
 		clock: &fakeClock{t: time.Unix(1_700_000_000, 0)}, metrics: NewMetrics(nil), done: make(chan struct{})}
+	if prepare != nil {
+		prepare(e.local)
+	}
 	if opts.ProbeInterval == 0 {
 		opts.ProbeInterval = 5 * time.Millisecond
 	}

@@ -591,18 +591,26 @@ func TestDesiredSlicesDualStackAndChunks(t *testing.T) {
 // at once, not after a failed sync and a backoff.
 func TestSliceUpdateConflictRetried(t *testing.T) {
 	r := shopRemote("c1")
-	e := start(t, Options{}, nil, r)
-	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
-
+	// The reactor is installed before the Controller starts (the fake's
+	// reactor chain is not safe to change while it runs) and armed only
+	// once the first mirror is written, so the conflict hits the update.
+	var armed atomic.Bool
 	var conflicts atomic.Int32
-	e.local.PrependReactor("update", "endpointslices", func(a clienttesting.Action) (bool, runtime.Object, error) {
+	conflict := func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if !armed.Load() {
+			return false, nil, nil
+		}
 		if conflicts.Add(1) == 1 {
 			sl := a.(clienttesting.UpdateAction).GetObject().(*discoveryv1.EndpointSlice)
 			return true, nil, apierrors.NewConflict(discoveryv1.Resource("endpointslices"), sl.Name,
 				fmt.Errorf("the object has been modified; please apply your changes to the latest version and try again"))
 		}
 		return false, nil, nil
-	})
+	}
+	e := startWith(t, Options{}, func(c *fake.Clientset) { c.PrependReactor("update", "endpointslices", conflict) }, nil, r)
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+
+	armed.Store(true)
 	r.updateService(t, "shop", "web", func(s *corev1.Service) {
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.7.7", []string{"10.96.7.7"}
 	})
