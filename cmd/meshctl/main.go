@@ -2,7 +2,11 @@
 // heartbeat Leases through a kubeconfig and computes, with the same planner
 // the meshd daemons run (pkg/mesh), the mesh the nodes build: WireGuard
 // configurations of nodes and outside peers, the topology graph and a
-// status overview. It never changes the cluster.
+// status overview. Only `meshctl link` and `meshctl unlink` change clusters:
+// they write or remove the cluster-link Secrets and their reader credentials.
+//
+// Out of scope: planning of its own (it runs pkg/mesh, so it shows what the
+// daemons do) and any kernel access or node configuration.
 package main
 
 import (

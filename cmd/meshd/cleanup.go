@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/vishvananda/netlink"
-
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/route"
@@ -35,7 +33,7 @@ func cleanup(c *config, log *slog.Logger) error {
 	}
 	// Open adopts an existing interface but would create a missing one: only
 	// open what is there (a kernel link, or the TUN of a userspace device).
-	if _, err := netlink.LinkByName(c.Interface); err != nil {
+	if !route.LinkExists(c.Interface) {
 		log.Info("no WireGuard interface to remove", "interface", c.Interface)
 		return errors.Join(errs...)
 	}

@@ -8,8 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
+	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
 )
 
@@ -45,7 +44,7 @@ func (d *device) Set(cfg wg.Config) error {
 	if err == nil {
 		return nil
 	}
-	if _, lerr := netlink.LinkByName(d.opts.Name); lerr == nil {
+	if route.LinkExists(d.opts.Name) {
 		return err // the interface exists: a real configuration error
 	}
 	d.log.Warn("WireGuard interface disappeared; opening it again", "interface", d.opts.Name, "error", err)

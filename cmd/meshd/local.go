@@ -1,12 +1,10 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
 	"net/netip"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
+	"meshd.io/meshd/pkg/route"
 )
 
 // wireGuardOverhead is the worst-case WireGuard encapsulation (IPv6 outer).
@@ -27,45 +25,14 @@ func (f localFacts) wireGuardMTU() int {
 	return f.mtu - wireGuardOverhead
 }
 
-// discoverLocal finds the default-route interface and its addresses.
+// discoverLocal finds the default-route interface and its addresses (once,
+// at start-up; see route.DiscoverUplink).
 func discoverLocal(log *slog.Logger) (localFacts, error) {
-	var f localFacts
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return f, fmt.Errorf("listing routes: %w", err)
-		}
-		for _, r := range rs {
-			if r.Dst != nil && r.Dst.IP != nil {
-				if ones, _ := r.Dst.Mask.Size(); ones != 0 {
-					continue
-				}
-			}
-			link, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				continue
-			}
-			if f.iface == "" {
-				f.iface, f.mtu = link.Attrs().Name, link.Attrs().MTU
-			}
-			addrs, err := netlink.AddrList(link, fam)
-			if err != nil {
-				continue
-			}
-			for _, a := range addrs {
-				ip, ok := netip.AddrFromSlice(a.IP)
-				if !ok || !ip.IsGlobalUnicast() {
-					continue
-				}
-				f.addrs = append(f.addrs, ip.Unmap())
-				break
-			}
-			break
-		}
+	u, err := route.DiscoverUplink()
+	if err != nil {
+		return localFacts{}, err
 	}
-	if f.iface == "" {
-		return f, fmt.Errorf("no default route")
-	}
+	f := localFacts{iface: u.Interface, addrs: u.Addrs, mtu: u.MTU}
 	log.Debug("discovered local facts", "interface", f.iface, "addresses", f.addrs, "mtu", f.mtu)
 	return f, nil
 }

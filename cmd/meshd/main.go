@@ -2,6 +2,13 @@
 // interface, routes and iptables rules equal to the plan computed from the
 // cluster's Nodes and Peers. Subcommands: `device` runs only a userspace
 // WireGuard device, `cleanup` removes everything meshd owns.
+//
+// Out of scope: deciding or touching anything itself. The plan comes from
+// pkg/mesh, the conversion of API objects from pkg/k8s, and every kernel
+// change from the executors pkg/wg, pkg/route and pkg/iptables; this package
+// wires them together (flags, informers, the reconcile loop, the coalescer,
+// metrics, the subcommands) and makes no netlink, wgctrl or iptables call of
+// its own.
 package main
 
 import (

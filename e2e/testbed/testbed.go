@@ -10,6 +10,9 @@
 // namespaces, never in the host namespace; the host's routing, addresses and
 // sysctls are not touched (the only host-side trace is the empty directory
 // /run/wireguard used as a bind-mount target).
+//
+// Out of scope: test assertions (the e2e tests in e2e/ make them) and any
+// change to the host outside the namespaces it creates.
 package testbed
 
 import (

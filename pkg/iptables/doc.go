@@ -24,4 +24,8 @@
 // common rules and, after each write, learns the kernel's exact rendering of
 // every rule it wrote, so a rule it cannot predict costs at most one extra
 // write per process lifetime.
+//
+// Out of scope: which rules meshd wants (pkg/mesh plans them) and anything
+// about Kubernetes or meshd's other executors; this package imports nothing of
+// meshd or k8s.io.
 package iptables

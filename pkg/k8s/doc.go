@@ -8,4 +8,8 @@
 // The Peer API types live in pkg/k8s/apis/meshd/v1alpha1 and the generated
 // clientset, listers and informers in pkg/k8s/client; run
 // hack/update-codegen.sh after changing the types.
+//
+// Out of scope: planning (pkg/mesh decides; this package only converts and
+// reports) and every kernel change (the executors pkg/wg, pkg/route and
+// pkg/iptables); nothing here reads the network.
 package k8s

@@ -3,6 +3,10 @@
 // desired Plan for one node — its WireGuard configuration, routes, policy rules
 // and iptables rules. It performs no I/O: the same inputs always give the same
 // Plan, which is what lets every node agree on leaders and mesh addresses.
+//
+// Out of scope: every input and output. The Kubernetes objects are converted
+// by pkg/k8s, and the Plan is applied by the executors pkg/wg, pkg/route and
+// pkg/iptables; this package imports only the standard library and wgtypes.
 package mesh
 
 import (

@@ -16,4 +16,8 @@
 //
 // Remote clusters come from the cluster-link Secrets (WatchLinks) or are
 // added directly (AddRemote). RunLeaderElected keeps one active replica.
+//
+// Out of scope: the mesh itself. Reaching a mirrored Service's addresses is
+// the routes and WireGuard peers meshd's node daemon plans; this package uses
+// no executor and writes only Kubernetes objects.
 package mirror

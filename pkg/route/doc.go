@@ -35,4 +35,11 @@
 // All kernel access goes through the narrow [Kernel] interface; [New] binds it
 // to real netlink in the caller's network namespace and [FakeKernel] is an
 // in-memory stand-in for tests.
+//
+// [DiscoverUplink] reads the node's default-route interface, its addresses and
+// MTU once at start-up, and [LinkExists] whether an interface is there.
+//
+// Out of scope: which routes and rules meshd wants (pkg/mesh plans them), the
+// WireGuard interface itself (pkg/wg) and iptables (pkg/iptables); this
+// package imports nothing of meshd or k8s.io.
 package route

@@ -9,6 +9,9 @@
 //	                              send BYTES pseudo-random bytes, half-close,
 //	                              and check the answer; exit 1 on mismatch
 //	e2etool http ADDR TEXT        serve HTTP: every request gets "TEXT\n"
+//
+// Out of scope: checking results (the e2e tests do; e2etool only moves bytes
+// and reports what it saw).
 package main
 
 import (

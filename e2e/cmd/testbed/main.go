@@ -11,6 +11,9 @@
 //	testbed down [-prefix mdemo-] [-dir /tmp/meshd-demo]
 //	    kills every process in the prefix's namespaces (by pid) and deletes
 //	    the namespaces and the directory.
+//
+// Out of scope: tests; this is the by-hand and demo front end of package
+// testbed, which does the work.
 package main
 
 import (

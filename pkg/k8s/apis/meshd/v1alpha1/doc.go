@@ -6,4 +6,7 @@
 // +k8s:deepcopy-gen=package
 // +kubebuilder:object:generate=true
 // +groupName=meshd.io
+//
+// Out of scope: behaviour. How a Peer becomes a mesh.Peer is pkg/k8s; what
+// the mesh does with it is pkg/mesh.
 package v1alpha1
