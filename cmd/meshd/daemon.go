@@ -45,6 +45,7 @@ type daemon struct {
 	routes               *route.Manager
 	device               *device
 	links                *k8s.LinkWatcher
+	stopEvents           func() // flushes and stops the Event broadcaster
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -87,7 +88,6 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
 	events, stopEvents := k8s.NewEventRecorder(clients.Kube, "meshd")
-	_ = stopEvents // stopped with the process
 	r := &reconciler{
 		log:      log,
 		opts:     opts,
@@ -110,7 +110,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	d := &daemon{
 		cfg: c, log: log, rec: r, reg: reg, kube: clients,
-		routes: routes, device: dev,
+		routes: routes, device: dev, stopEvents: stopEvents,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
@@ -339,5 +339,6 @@ func (d *daemon) Close(cleanupAll bool) error {
 		errs = append(errs, d.device.Delete())
 	}
 	errs = append(errs, d.device.Close())
+	d.stopEvents()
 	return errors.Join(errs...)
 }

@@ -18,9 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"syscall"
 
-	"github.com/oklog/run"
 	"github.com/spf13/pflag"
 
 	"meshd.io/meshd/pkg/mesh"
@@ -50,91 +48,66 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "device":
-			return runDevice(args[1:], stderr)
+			return deviceCommand().main(args[1:], stderr)
 		case "cleanup":
-			return runCleanup(args[1:], stderr)
+			return cleanupCommand().main(args[1:], stderr)
 		case "mirror":
-			return runMirror(args[1:], stderr)
+			return mirrorCommand().main(args[1:], stderr)
 		case "version":
 			fmt.Fprintln(stdout, version)
 			return 0
 		}
 	}
+	return daemonCommand().main(args, stderr)
+}
+
+// daemonCommand is `meshd`, the node daemon.
+func daemonCommand() subcommand {
 	var c config
+	var opts mesh.Options
 	fs := newFlagSet(&c)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	return subcommand{
+		name: "meshd", flags: fs, logLevel: &c.LogLevel, failed: "meshd stopped",
+		validate: func() (err error) {
+			opts, err = c.options()
+			return err
+		},
+		run: func(ctx context.Context, log *slog.Logger) error {
+			d, err := newDaemon(&c, opts, log)
+			if err != nil {
+				return fmt.Errorf("meshd cannot start: %w", err)
+			}
+			err = d.Run(ctx)
+			if cerr := d.Close(c.CleanupOnExit); cerr != nil {
+				log.Error("shutting down", "error", cerr)
+			}
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			log.Info("meshd stopped; kernel state left in place", "cleanup", c.CleanupOnExit)
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "meshd: unexpected argument %q (see meshd --help)\n", fs.Arg(0))
-		return 2
-	}
-	opts, err := c.options()
-	if err != nil {
-		fmt.Fprintf(stderr, "meshd: invalid flags:\n%v\n", err)
-		return 2
-	}
-	log := newLogger(stderr, c.LogLevel)
-	d, err := newDaemon(&c, opts, log)
-	if err != nil {
-		log.Error("meshd cannot start", "error", err)
-		return 1
-	}
-	var g run.Group
-	ctx, cancel := context.WithCancel(context.Background())
-	g.Add(func() error { return d.Run(ctx) }, func(error) { cancel() })
-	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
-	err = g.Run()
-	if cerr := d.Close(c.CleanupOnExit); cerr != nil {
-		log.Error("shutting down", "error", cerr)
-	}
-	var sig run.SignalError
-	if err != nil && !errors.As(err, &sig) && !errors.Is(err, context.Canceled) {
-		log.Error("meshd stopped", "error", err)
-		return 1
-	}
-	log.Info("meshd stopped; kernel state left in place", "cleanup", c.CleanupOnExit)
-	return 0
 }
 
-func newLogger(w io.Writer, level string) *slog.Logger {
-	l, _ := parseLevel(level)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
-}
-
-// runDevice runs only the userspace WireGuard device: no key, no API access.
-func runDevice(args []string, stderr io.Writer) int {
+// deviceCommand is `meshd device`: only the userspace WireGuard device, no
+// key, no API access.
+func deviceCommand() subcommand {
 	var dc deviceConfig
-	fs := newDeviceFlagSet(&dc)
-	fs.SetOutput(stderr)
-	name, mtu, level := &dc.Interface, &dc.MTU, &dc.LogLevel
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	return subcommand{
+		name: "meshd device", flags: newDeviceFlagSet(&dc), logLevel: &dc.LogLevel, failed: "device stopped",
+		validate: func() error {
+			_, err := parseLevel(dc.LogLevel)
+			return err
+		},
+		run: func(ctx context.Context, log *slog.Logger) error {
+			if err := wg.RunDevice(ctx, log, dc.Interface, dc.MTU); err != nil {
+				return fmt.Errorf("interface %s: %w", dc.Interface, err)
+			}
+			return nil
+		},
 	}
-	if _, err := parseLevel(*level); err != nil {
-		fmt.Fprintln(stderr, "meshd device:", err)
-		return 2
-	}
-	log := newLogger(stderr, *level)
-	ctx, cancel := context.WithCancel(context.Background())
-	var g run.Group
-	g.Add(func() error { return wg.RunDevice(ctx, log, *name, *mtu) }, func(error) { cancel() })
-	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
-	err := g.Run()
-	var sig run.SignalError
-	if err != nil && !errors.As(err, &sig) && !errors.Is(err, context.Canceled) {
-		log.Error("device stopped", "interface", *name, "error", err)
-		return 1
-	}
-	return 0
 }
 
 // deviceConfig are the settings of `meshd device`.
@@ -157,22 +130,22 @@ func newDeviceFlagSet(c *deviceConfig) *pflag.FlagSet {
 	return fs
 }
 
-// runCleanup removes everything meshd owns on this node.
-func runCleanup(args []string, stderr io.Writer) int {
+// cleanupCommand is `meshd cleanup`: it removes everything meshd owns on
+// this node.
+func cleanupCommand() subcommand {
 	var c config
-	fs := newFlagSet(&c)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	return subcommand{
+		name: "meshd cleanup", flags: newFlagSet(&c), logLevel: &c.LogLevel, failed: "cleanup incomplete",
+		validate: func() error {
+			_, err := parseLevel(c.LogLevel)
+			return err
+		},
+		run: func(_ context.Context, log *slog.Logger) error {
+			if err := cleanup(&c, log); err != nil {
+				return err
+			}
+			log.Info("removed everything meshd owns", "interface", c.Interface)
+			return nil
+		},
 	}
-	log := newLogger(stderr, c.LogLevel)
-	if err := cleanup(&c, log); err != nil {
-		log.Error("cleanup incomplete", "error", err)
-		return 1
-	}
-	log.Info("removed everything meshd owns", "interface", c.Interface)
-	return 0
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/oklog/run"
@@ -128,35 +127,24 @@ func kubeconfigClusterName(path string) (string, error) {
 	return ctx.Cluster, nil
 }
 
-// runMirror is `meshd mirror`.
-func runMirror(args []string, stderr io.Writer) int {
+// mirrorCommand is `meshd mirror`.
+func mirrorCommand() subcommand {
 	var mc mirrorConfig
-	fs := newMirrorFlagSet(&mc)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return 2
+	return subcommand{
+		name: "meshd mirror", flags: newMirrorFlagSet(&mc), logLevel: &mc.LogLevel, failed: "mirror stopped",
+		validate: mc.validate,
+		run: func(ctx context.Context, log *slog.Logger) error {
+			log = log.With("component", "mirror")
+			if err := serveMirror(ctx, &mc, log); err != nil {
+				return err
+			}
+			log.Info("mirror stopped")
+			return nil
+		},
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "meshd mirror: unexpected argument %q (see meshd mirror --help)\n", fs.Arg(0))
-		return 2
-	}
-	if err := mc.validate(); err != nil {
-		fmt.Fprintf(stderr, "meshd mirror: invalid flags:\n%v\n", err)
-		return 2
-	}
-	log := newLogger(stderr, mc.LogLevel).With("component", "mirror")
-	if err := serveMirror(&mc, log); err != nil {
-		log.Error("mirror stopped", "error", err)
-		return 1
-	}
-	log.Info("mirror stopped")
-	return 0
 }
 
-func serveMirror(mc *mirrorConfig, log *slog.Logger) error {
+func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error {
 	local, err := k8s.NewClients(mc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("building the local cluster's clients: %w", err)
@@ -192,7 +180,7 @@ func serveMirror(mc *mirrorConfig, log *slog.Logger) error {
 			Workers:               mc.Workers,
 		}))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var g run.Group
 	g.Add(func() error {
@@ -219,10 +207,7 @@ func serveMirror(mc *mirrorConfig, log *slog.Logger) error {
 			Namespace: mc.Namespace, Name: mc.LeaseName, Identity: id,
 		}, mirrorOnce)
 	}, func(error) { cancel() })
-	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
-	err = g.Run()
-	var sig run.SignalError
-	if err != nil && !errors.As(err, &sig) && !errors.Is(err, context.Canceled) {
+	if err := g.Run(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil

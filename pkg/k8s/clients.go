@@ -18,7 +18,6 @@ import (
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/client/clientset/versioned"
 	meshdinformers "meshd.io/meshd/pkg/k8s/client/informers/externalversions/meshd/v1alpha1"
-	meshdlisters "meshd.io/meshd/pkg/k8s/client/listers/meshd/v1alpha1"
 )
 
 // Clients are the API clients meshd uses.
@@ -92,15 +91,10 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // NewPeerInformer returns an informer over all Peers (cluster-scoped),
-// without indexers; build a lister with NewPeerLister. Its handlers
-// get a resync every resync (0 disables it).
+// without indexers; meshd reads its store. Its handlers get a resync every
+// resync (0 disables it).
 func NewPeerInformer(c *Clients, resync time.Duration) cache.SharedIndexInformer {
 	return meshdinformers.NewPeerInformer(c.Meshd, resync, cache.Indexers{})
-}
-
-// NewPeerLister returns a lister over an informer from NewPeerInformer.
-func NewPeerLister(inf cache.SharedIndexInformer) meshdlisters.PeerLister {
-	return meshdlisters.NewPeerLister(inf.GetIndexer())
 }
 
 // NewEventRecorder returns a recorder whose Events (e.g. Warnings about a

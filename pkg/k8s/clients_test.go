@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
@@ -65,9 +64,9 @@ func TestPeerInformer(t *testing.T) {
 	if !waitFor(func() bool { return inf.HasSynced() }) {
 		t.Fatal("informer did not sync")
 	}
-	got, err := NewPeerLister(inf).List(labels.Everything())
-	if err != nil || len(got) != 1 || got[0].Name != "laptop" {
-		t.Fatalf("lister: %v %v", got, err)
+	got := inf.GetStore().List()
+	if len(got) != 1 || got[0].(*v1alpha1.Peer).Name != "laptop" {
+		t.Fatalf("informer store: %v", got)
 	}
 }
 
