@@ -4,17 +4,18 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/utils/clock"
 )
 
 // Event coalescing: every informer event, repair signal and resync tick
 // asks for one full reconcile. A reconcile runs coalesceDelay after the
 // first event that finds none pending; events until then join it. A token
-// bucket (coalesceBurst reconciles, refilled one per coalesceInterval)
-// spaces reconciles out only while events keep coming: a cold start or a
-// lone change is planned after 50 ms, as always; a burst of Node creations
-// spread over seconds costs a handful of reconciles, about one per
-// coalesceInterval once the bucket is empty, instead of one per 50 ms.
+// bucket (golang.org/x/time/rate: coalesceBurst reconciles, refilled one per
+// coalesceInterval) spaces reconciles out only while events keep coming: a
+// cold start or a lone change is planned after 50 ms, as always; a burst of
+// Node creations spread over seconds costs a handful of reconciles, about
+// one per coalesceInterval once the bucket is empty, instead of one per 50 ms.
 const (
 	coalesceDelay    = 50 * time.Millisecond
 	coalesceInterval = 500 * time.Millisecond
@@ -24,66 +25,57 @@ const (
 // coalescer calls fire for groups of signals: delay after the first signal
 // that found nothing pending, later if the token bucket is empty.
 type coalescer struct {
-	delay, interval time.Duration
-	burst           float64
-	clock           clock.WithDelayedExecution
-	fire            func()
+	delay time.Duration
+	limit *rate.Limiter // read with explicit times from clock
+	clock clock.WithDelayedExecution
+	fire  func()
 
 	mu      sync.Mutex
-	pending bool
+	pending *rate.Reservation // the token of the pending fire, nil if none
 	timer   clock.Timer
-	tokens  float64   // as of last
-	last    time.Time // when tokens was computed (zero: never, bucket full)
 }
 
 func newCoalescer(clk clock.WithDelayedExecution, delay, interval time.Duration, burst int, fire func()) *coalescer {
-	return &coalescer{delay: delay, interval: interval, burst: float64(burst), tokens: float64(burst), clock: clk, fire: fire}
-}
-
-// tokensAt is the bucket's content at t (t not before c.last).
-func (c *coalescer) tokensAt(t time.Time) float64 {
-	if c.last.IsZero() {
-		return c.burst
-	}
-	return min(c.burst, c.tokens+float64(t.Sub(c.last))/float64(c.interval))
+	return &coalescer{delay: delay, limit: rate.NewLimiter(rate.Every(interval), burst), clock: clk, fire: fire}
 }
 
 // signal records that something changed.
 func (c *coalescer) signal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.pending {
+	if c.pending != nil {
 		return
 	}
-	c.pending = true
 	now := c.clock.Now()
 	at := now.Add(c.delay)
-	if tk := c.tokensAt(at); tk < 1 {
-		at = at.Add(time.Duration((1 - tk) * float64(c.interval)))
-	}
-	c.timer = c.clock.AfterFunc(at.Sub(now), func() { c.expire(at) })
+	// The fire's token is taken when it is due: later if the bucket is empty.
+	r := c.limit.ReserveN(at, 1)
+	at = at.Add(r.DelayFrom(at))
+	c.pending = r
+	c.timer = c.clock.AfterFunc(at.Sub(now), c.expire)
 }
 
-// expire fires the pending group; at is when it was due (the bucket is
-// accounted at that time, which keeps the clock out of the timer function).
-func (c *coalescer) expire(at time.Time) {
+// expire fires the pending group.
+func (c *coalescer) expire() {
 	c.mu.Lock()
-	if !c.pending {
+	if c.pending == nil {
 		c.mu.Unlock()
 		return
 	}
-	c.pending = false
-	c.tokens, c.last = max(0, c.tokensAt(at)-1), at
+	c.pending = nil
 	c.mu.Unlock()
 	c.fire()
 }
 
-// stop cancels a pending fire.
+// stop cancels a pending fire and returns its token.
 func (c *coalescer) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.timer != nil {
 		c.timer.Stop()
 	}
-	c.pending = false
+	if c.pending != nil {
+		c.pending.CancelAt(c.clock.Now())
+		c.pending = nil
+	}
 }
