@@ -84,7 +84,7 @@ func fetch(ctx context.Context, c *k8s.Clients, leaseNamespace string) (*snapsho
 	pl, err := c.Meshd.MeshdV1alpha1().Peers().List(ctx, metav1.ListOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("Peer CRD not installed on %s: kubectl apply -f manifests/crds/", s.Server)
+		return nil, fmt.Errorf("Peer CRD not installed on %s: kubectl apply -f manifests/crds/", s.Server) //nolint:staticcheck // ST1005: Peer is the API kind.
 	case err != nil:
 		return nil, apiError(err, "listing Peers", s.Server)
 	}

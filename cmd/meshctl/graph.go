@@ -34,7 +34,7 @@ func runDot(ctx context.Context, src string, w io.Writer) error {
 	cmd.Stdout = w
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("running %s -Tsvg: %v: %s", path, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("running %s -Tsvg: %w: %s", path, err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
@@ -159,7 +159,7 @@ func handshakes(m *model, node string) (map[wgtypes.Key]time.Time, error) {
 	}
 	var raw map[string]int64
 	if err := json.Unmarshal([]byte(v), &raw); err != nil {
-		return nil, fmt.Errorf("ignoring %s of node %s: want a JSON object {\"<public key>\": <unix seconds>}: %v", AnnotationHandshakes, node, err)
+		return nil, fmt.Errorf("ignoring %s of node %s: want a JSON object {\"<public key>\": <unix seconds>}: %w", AnnotationHandshakes, node, err)
 	}
 	out := make(map[wgtypes.Key]time.Time, len(raw))
 	for k, ts := range raw {

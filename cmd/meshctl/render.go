@@ -209,7 +209,7 @@ func asPeer(m *model, name string, o asPeerOptions) (p *v1alpha1.Peer, reason st
 	}
 	peerName := o.NamePrefix + name
 	if msgs := validation.IsDNS1123Subdomain(peerName); len(msgs) > 0 {
-		return nil, "", nil, usageError{fmt.Errorf("Peer name %q (--peer-name-prefix + node name) is invalid: %s", peerName, strings.Join(msgs, "; "))}
+		return nil, "", nil, usageError{fmt.Errorf("Peer name %q (--peer-name-prefix + node name) is invalid: %s", peerName, strings.Join(msgs, "; "))} //nolint:staticcheck // ST1005: Peer is the API kind.
 	}
 	ips := slices.Clone(mp.AllowedIPs)
 	for _, e := range o.ExtraAllowedIPs {
@@ -321,7 +321,7 @@ func showPeer(stdout, stderr io.Writer, m *model, name, format string) error {
 				}
 			}
 		}
-		return fmt.Errorf("Peer %s is not usable, meshd ignores it: %s", name, why)
+		return fmt.Errorf("Peer %s is not usable, meshd ignores it: %s", name, why) //nolint:staticcheck // ST1005: Peer is the API kind.
 	}
 	if len(oc.Peers) == 0 {
 		fmt.Fprintln(stderr, "meshctl: no node of the cluster has published a WireGuard public key yet: the configuration has no peers")

@@ -167,10 +167,7 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 	recorder, stopEvents := k8s.NewEventRecorder(local.Kube, "meshd-mirror")
 	defer stopEvents()
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	srv := &http.Server{Addr: mc.Listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := mirrorServer(mc.Listen, reg)
 
 	mirrorOnce := func(ctx context.Context) error {
 		return runMirrorController(ctx, log, mc, local.Kube, remote, mirror.New(log, local.Kube, recorder, metrics, mirror.Options{
@@ -198,19 +195,32 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 		if !mc.LeaderElect {
 			return mirrorOnce(ctx)
 		}
-		id := os.Getenv("POD_NAME")
-		if id == "" {
-			host, _ := os.Hostname()
-			id = host + "_" + string(uuid.NewUUID())
-		}
 		return mirror.RunLeaderElected(ctx, log, local.Kube, mirror.LeaderElection{
-			Namespace: mc.Namespace, Name: mc.LeaseName, Identity: id,
+			Namespace: mc.Namespace, Name: mc.LeaseName, Identity: leaderIdentity(),
 		}, mirrorOnce)
 	}, func(error) { cancel() })
 	if err := g.Run(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil
+}
+
+// mirrorServer serves /metrics from reg and /healthz on listen.
+func mirrorServer(listen string, reg *prometheus.Registry) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	return &http.Server{Addr: listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
+
+// leaderIdentity names this replica in the leader Lease: the pod's name,
+// else the host name plus a random suffix.
+func leaderIdentity() string {
+	if id := os.Getenv("POD_NAME"); id != "" {
+		return id
+	}
+	host, _ := os.Hostname()
+	return host + "_" + string(uuid.NewUUID())
 }
 
 // runMirrorController runs c over the remote cluster, or over the linked

@@ -14,10 +14,21 @@ import (
 // else is returned unchanged; the Controller learns the real rendering after
 // its first write.
 func canonRule(fam Family, toks []string) []string {
-	clauses := splitClauses(toks)
-	basic := map[string]*clause{}
-	var rest []*clause
-	proto := ""
+	basic, rest, proto := canonBasic(fam, splitClauses(toks))
+	out := make([]string, 0, len(toks)+4)
+	for _, o := range []string{"-s", "-d", "-i", "-o", "-p", "-f"} {
+		if c := basic[o]; c != nil {
+			out = c.appendTo(out)
+		}
+	}
+	return canonRest(out, rest, proto)
+}
+
+// canonBasic splits the clauses into the first of each basic option (-s -d
+// -i -o -p -f, canonical, those iptables-save drops removed) and the rest;
+// proto is the protocol the rule matches ("" for any).
+func canonBasic(fam Family, clauses []clause) (basic map[string]*clause, rest []*clause, proto string) {
+	basic = map[string]*clause{}
 	for i := range clauses {
 		c := &clauses[i]
 		c.opt = longToShort(c.opt)
@@ -48,12 +59,12 @@ func canonRule(fam Family, toks []string) []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(toks)+4)
-	for _, o := range []string{"-s", "-d", "-i", "-o", "-p", "-f"} {
-		if c := basic[o]; c != nil {
-			out = c.appendTo(out)
-		}
-	}
+	return basic, rest, proto
+}
+
+// canonRest appends the matches, their options and the target to out,
+// adding the implicit protocol match before the first option that needs it.
+func canonRest(out []string, rest []*clause, proto string) []string {
 	explicit := map[string]bool{}
 	for _, c := range rest {
 		if c.opt == "-m" && len(c.args) == 1 {
@@ -136,7 +147,7 @@ func splitClauses(toks []string) []clause {
 				c.args = []string{toks[i]}
 			}
 		} else {
-			for i+1 < len(toks) && toks[i+1] != "!" && !(len(toks[i+1]) > 1 && toks[i+1][0] == '-') {
+			for i+1 < len(toks) && toks[i+1] != "!" && (len(toks[i+1]) <= 1 || toks[i+1][0] != '-') {
 				i++
 				c.args = append(c.args, toks[i])
 			}

@@ -409,40 +409,62 @@ func (c *Controller) predict(r []string) ruleKey {
 }
 
 // plan computes the restore input that makes table have equal want; nil when
-// nothing differs. summary says what changes, for logs and errors.
+// nothing differs. summary says what changes, for logs and errors. Steps:
+// the chains to rewrite, the stale chains to remove, the jumps to delete
+// and those to add; then one restore transaction in that order.
 func (c *Controller) plan(table string, want *desiredTable, have *savedTable) (input []byte, summary string) {
-	var declare, stale, dels []string
-	var adds bytes.Buffer
-	var nAdds int
-	var why []string
+	var p tablePlan
+	c.planChains(&p, table, want, have)
+	present := c.planJumpDeletes(&p, want, have)
+	planJumpAdds(&p, want, present)
+	if len(p.why) == 0 {
+		return nil, ""
+	}
+	return p.render(table), strings.Join(p.why, "; ")
+}
 
+// tablePlan is the restore input of one table being built.
+type tablePlan struct {
+	declare, stale []string     // chains declared (flushed): rewritten, stale
+	adds           bytes.Buffer // rules of the rewritten chains
+	delLines       bytes.Buffer // jumps deleted
+	jumpLines      bytes.Buffer // jumps added
+	why            []string     // summary
+}
+
+// jumpKey is a jump from a chain meshd does not own into a meshd chain.
+type jumpKey struct{ from, to string }
+
+// planChains declares and refills the desired chains that differ, and
+// declares the owned chains no longer desired for removal.
+func (c *Controller) planChains(p *tablePlan, table string, want *desiredTable, have *savedTable) {
 	for _, ch := range want.chains {
 		if have.exists[ch.Name] && c.chainMatches(table, ch, have.rules[ch.Name]) {
 			continue
 		}
-		declare = append(declare, ch.Name)
+		p.declare = append(p.declare, ch.Name)
 		for _, r := range ch.Rules {
-			writeLine(&adds, []string{"-A", ch.Name}, r)
-			nAdds++
+			writeLine(&p.adds, []string{"-A", ch.Name}, r)
 		}
 	}
-	if len(declare) > 0 {
-		why = append(why, "rewrite "+strings.Join(declare, ","))
+	if len(p.declare) > 0 {
+		p.why = append(p.why, "rewrite "+strings.Join(p.declare, ","))
 	}
 	for _, name := range have.chains {
 		if c.owned(name) && want.byName[name] == nil {
-			stale = append(stale, name)
+			p.stale = append(p.stale, name)
 		}
 	}
-	if len(stale) > 0 {
-		why = append(why, "remove "+strings.Join(stale, ","))
+	if len(p.stale) > 0 {
+		p.why = append(p.why, "remove "+strings.Join(p.stale, ","))
 	}
+}
 
-	// Rules in chains meshd does not own that jump into meshd chains: keep
-	// one of every desired jump, delete the rest.
-	type jumpKey struct{ from, to string }
+// planJumpDeletes keeps one of every desired jump from chains meshd does not
+// own into meshd chains and deletes the rest; it returns the jumps kept.
+func (c *Controller) planJumpDeletes(p *tablePlan, want *desiredTable, have *savedTable) map[jumpKey]bool {
 	present := map[jumpKey]bool{}
-	var delLines bytes.Buffer
+	var dels []string
 	for _, from := range have.chains {
 		if c.owned(from) {
 			continue
@@ -458,51 +480,56 @@ func (c *Controller) plan(table string, want *desiredTable, have *savedTable) (i
 				present[jk] = true
 				continue
 			}
-			writeLine(&delLines, []string{"-D", from}, toks)
+			writeLine(&p.delLines, []string{"-D", from}, toks)
 			dels = append(dels, from+"->"+to)
 		}
 	}
 	if len(dels) > 0 {
-		why = append(why, "delete jumps "+strings.Join(dels, ","))
+		p.why = append(p.why, "delete jumps "+strings.Join(dels, ","))
 	}
-	var jumpLines bytes.Buffer
+	return present
+}
+
+// planJumpAdds adds the desired jumps that are not present: inserts in
+// reverse so that the first configured ends up first, then appends.
+func planJumpAdds(p *tablePlan, want *desiredTable, present map[jumpKey]bool) {
 	var added []string
-	// Inserts in reverse so that the first configured ends up first.
 	for i := len(want.jumps) - 1; i >= 0; i-- {
 		j := want.jumps[i]
 		if !j.Insert || present[jumpKey{j.From, j.To}] {
 			continue
 		}
-		writeLine(&jumpLines, []string{"-I", j.From, "1", "-j", j.To}, nil)
+		writeLine(&p.jumpLines, []string{"-I", j.From, "1", "-j", j.To}, nil)
 		added = append(added, j.From+"->"+j.To)
 	}
 	for _, j := range want.jumps {
 		if j.Insert || present[jumpKey{j.From, j.To}] {
 			continue
 		}
-		writeLine(&jumpLines, []string{"-A", j.From, "-j", j.To}, nil)
+		writeLine(&p.jumpLines, []string{"-A", j.From, "-j", j.To}, nil)
 		added = append(added, j.From+"->"+j.To)
 	}
 	if len(added) > 0 {
-		why = append(why, "add jumps "+strings.Join(added, ","))
+		p.why = append(p.why, "add jumps "+strings.Join(added, ","))
 	}
-	if len(why) == 0 {
-		return nil, ""
-	}
+}
 
+// render is the restore transaction: declare, delete jumps, fill chains,
+// add jumps, delete the stale chains.
+func (p *tablePlan) render(table string) []byte {
 	var b bytes.Buffer
 	b.WriteString("*" + table + "\n")
-	for _, name := range append(declare, stale...) {
+	for _, name := range append(p.declare, p.stale...) {
 		b.WriteString(":" + name + " - [0:0]\n")
 	}
-	b.Write(delLines.Bytes())
-	b.Write(adds.Bytes())
-	b.Write(jumpLines.Bytes())
-	for _, name := range stale {
+	b.Write(p.delLines.Bytes())
+	b.Write(p.adds.Bytes())
+	b.Write(p.jumpLines.Bytes())
+	for _, name := range p.stale {
 		b.WriteString("-X " + name + "\n")
 	}
 	b.WriteString("COMMIT\n")
-	return b.Bytes(), strings.Join(why, "; ")
+	return b.Bytes()
 }
 
 func wantsJump(jumps []Jump, from, to string) bool {

@@ -146,7 +146,7 @@ func checkTables(t *testing.T, tables map[string]*savedTable, cfg Config, render
 					t.Errorf("chain %s/%s should not exist", table, c)
 					continue
 				}
-				if fmt.Sprintf("%q", rules) != fmt.Sprintf("%q", want) && !(len(rules) == 0 && len(want) == 0) {
+				if fmt.Sprintf("%q", rules) != fmt.Sprintf("%q", want) && (len(rules) != 0 || len(want) != 0) {
 					t.Errorf("chain %s/%s:\n got %q\nwant %q", table, c, rules, want)
 				}
 				continue

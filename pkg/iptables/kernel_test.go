@@ -471,7 +471,7 @@ func TestKernelGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !(g0 < g1 && g1 < g2) {
+	if g0 >= g1 || g1 >= g2 {
 		t.Errorf("generations %d, %d, %d do not increase", g0, g1, g2)
 	}
 }

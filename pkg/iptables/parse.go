@@ -90,7 +90,7 @@ func parseSave(data []byte, prefix string) (map[string]*savedTable, error) {
 
 // specKey returns the key of a rule as iptables-save prints it.
 func specKey(spec []byte) (ruleKey, error) {
-	if bytes.IndexAny(spec, "\"\\\t") < 0 && !bytes.Contains(spec, []byte("  ")) {
+	if !bytes.ContainsAny(spec, "\"\\\t") && !bytes.Contains(spec, []byte("  ")) {
 		return ruleKey(bytes.ReplaceAll(bytes.TrimSpace(spec), []byte(" "), []byte("\x00"))), nil
 	}
 	toks, err := splitLine(string(spec))

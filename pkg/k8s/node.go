@@ -58,164 +58,176 @@ func NodeFromObject(n *corev1.Node, o ParseOptions) (mesh.Node, []error) {
 	if n == nil {
 		return mesh.Node{}, []error{errors.New("converting node: nil Node")}
 	}
+	p := nodeParse{node: mesh.Node{Name: n.Name}, port: o.port()}
+	errs := p.annotations(n.Annotations)
+	if err := p.podCIDRs(n); err != nil {
+		errs = append(errs, err)
+	}
+	p.resolveLocation(n, o.TopologyLabel)
+	p.resolveInternalIPs(n)
+	p.resolveEndpoint(n)
+	return p.node, errs
+}
+
+// nodeParse is a Node being converted: the annotations' parsers fill node
+// and the inputs the resolve steps then combine with the Node's status.
+type nodeParse struct {
+	node      mesh.Node
+	port      uint16         // default WireGuard port (ParseOptions.Port)
+	forcedIPs []netip.Addr   // meshd.io/force-internal-ip
+	ownIPs    []netip.Addr   // published meshd.io/internal-ip
+	published netip.AddrPort // published meshd.io/endpoint
+	forced    bool           // meshd.io/force-endpoint set node.Endpoint
+}
+
+// nodeAnnotations are the annotations NodeFromObject reads, each with the
+// parser that stores its value. A parser returns the error the user sees
+// (wrapped in an *AnnotationError); its annotation alone is then ignored.
+// Adding an annotation is one row here (and its constant in annotations.go).
+var nodeAnnotations = []struct {
+	name  string
+	parse func(p *nodeParse, v string) error
+}{
+	{AnnotationLocation, func(p *nodeParse, v string) error { p.node.Location = v; return nil }},
+	{AnnotationLeader, parseLeaderAnnotation},
+	{AnnotationPublicKey, parseKeyAnnotation},
+	{AnnotationForceInternalIP, func(p *nodeParse, v string) (err error) {
+		p.forcedIPs, err = parseAddrList(v, true)
+		return err
+	}},
+	{AnnotationInternalIP, func(p *nodeParse, v string) (err error) {
+		p.ownIPs, err = parseAddrList(v, false)
+		return err
+	}},
+	{AnnotationEndpoint, func(p *nodeParse, v string) (err error) {
+		p.published, err = parseAddrPort(v)
+		return err
+	}},
+	{AnnotationForceEndpoint, parseForceEndpointAnnotation},
+	{AnnotationAllowedLocationIPs, func(p *nodeParse, v string) (err error) {
+		p.node.AllowedLocationIPs, err = parsePrefixes(splitList(v))
+		return err
+	}},
+	{AnnotationPersistentKeepalive, parseKeepaliveAnnotation},
+	{AnnotationWireGuardIP, func(p *nodeParse, v string) (err error) {
+		p.node.WireGuardIPs, err = parseAddrList(v, false)
+		return err
+	}},
+	{AnnotationDiscoveredEndpoints, func(p *nodeParse, v string) (err error) {
+		p.node.DiscoveredEndpoints, err = parseDiscovered(v)
+		return err
+	}},
+}
+
+// annotations runs the parser of every non-blank annotation of the table.
+func (p *nodeParse) annotations(ann map[string]string) []error {
 	var errs []error
-	bad := func(annotation, value string, err error) {
-		errs = append(errs, &AnnotationError{Annotation: annotation, Value: value, Err: err})
+	for _, a := range nodeAnnotations {
+		v := strings.TrimSpace(ann[a.name]) // nil maps read as empty
+		if v == "" {
+			continue
+		}
+		if err := a.parse(p, v); err != nil {
+			errs = append(errs, &AnnotationError{Annotation: a.name, Value: v, Err: err})
+		}
 	}
-	ann := n.Annotations // nil maps read as empty
-	get := func(k string) (string, bool) {
-		v, ok := ann[k]
-		return strings.TrimSpace(v), ok && strings.TrimSpace(v) != ""
-	}
+	return errs
+}
 
-	out := mesh.Node{Name: n.Name}
+func parseLeaderAnnotation(p *nodeParse, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return errors.New(`want "true" or "false"`)
+	}
+	p.node.PreferLeader = b
+	return nil
+}
 
-	// Location.
-	if v, ok := get(AnnotationLocation); ok {
-		out.Location = v
-	} else {
-		label := o.TopologyLabel
-		if label == "" {
-			label = DefaultTopologyLabel
-		}
-		out.Location = strings.TrimSpace(n.Labels[label])
+func parseKeyAnnotation(p *nodeParse, v string) error {
+	k, err := wgtypes.ParseKey(v)
+	if err != nil {
+		return errors.New("want a base64-encoded 32-byte WireGuard key")
 	}
+	p.node.PublicKey = k
+	return nil
+}
 
-	// Leader preference.
-	if v, ok := get(AnnotationLeader); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			bad(AnnotationLeader, v, errors.New(`want "true" or "false"`))
-		} else {
-			out.PreferLeader = b
-		}
+func parseForceEndpointAnnotation(p *nodeParse, v string) error {
+	ep, err := ParseEndpoint(v, int(p.port))
+	if err != nil {
+		return err
 	}
+	p.node.Endpoint, p.node.PublicEndpoint, p.forced = ep, true, true
+	return nil
+}
 
-	// Public key.
-	if v, ok := get(AnnotationPublicKey); ok {
-		k, err := wgtypes.ParseKey(v)
-		if err != nil {
-			bad(AnnotationPublicKey, v, errors.New("want a base64-encoded 32-byte WireGuard key"))
-		} else {
-			out.PublicKey = k
-		}
+func parseKeepaliveAnnotation(p *nodeParse, v string) error {
+	s, err := strconv.ParseUint(v, 10, 16)
+	if err != nil {
+		return errors.New("want whole seconds between 0 and 65535")
 	}
+	p.node.PersistentKeepalive = time.Duration(s) * time.Second
+	return nil
+}
 
-	// Internal IPs.
-	if v, ok := get(AnnotationForceInternalIP); ok {
-		ips, err := parseAddrList(v, true)
-		if err != nil {
-			bad(AnnotationForceInternalIP, v, err)
-		} else {
-			out.InternalIPs = ips
-		}
-	}
-	if len(out.InternalIPs) == 0 {
-		out.InternalIPs = statusAddrs(n, corev1.NodeInternalIP)
-	}
-	if len(out.InternalIPs) == 0 {
-		if v, ok := get(AnnotationInternalIP); ok {
-			ips, err := parseAddrList(v, false)
-			if err != nil {
-				bad(AnnotationInternalIP, v, err)
-			} else {
-				out.InternalIPs = ips
-			}
-		}
-	}
-
-	// Published endpoint (used below for its port and as a fallback).
-	var published netip.AddrPort
-	if v, ok := get(AnnotationEndpoint); ok {
-		ap, err := parseAddrPort(v)
-		if err != nil {
-			bad(AnnotationEndpoint, v, err)
-		} else {
-			published = ap
-		}
-	}
-
-	// Endpoint.
-	forced := false
-	if v, ok := get(AnnotationForceEndpoint); ok {
-		ep, err := ParseEndpoint(v, int(o.port()))
-		if err != nil {
-			bad(AnnotationForceEndpoint, v, err)
-		} else {
-			out.Endpoint, out.PublicEndpoint, forced = ep, true, true
-		}
-	}
-	if !forced {
-		port := o.port()
-		if published.IsValid() {
-			port = published.Port()
-		}
-		switch ext := statusAddrs(n, corev1.NodeExternalIP); {
-		case len(ext) > 0:
-			out.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(firstExternal(n, ext), port)}
-			out.PublicEndpoint = true
-		case published.IsValid():
-			out.Endpoint = mesh.Endpoint{Addr: published}
-		case len(out.InternalIPs) > 0:
-			out.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(out.InternalIPs[0], o.port())}
-		}
-	}
-
-	// Pod CIDRs.
-	podCIDRs := n.Spec.PodCIDRs
-	field := "spec.podCIDRs"
+// podCIDRs takes spec.podCIDRs, else spec.podCIDR.
+func (p *nodeParse) podCIDRs(n *corev1.Node) error {
+	podCIDRs, field := n.Spec.PodCIDRs, "spec.podCIDRs"
 	if len(podCIDRs) == 0 && n.Spec.PodCIDR != "" {
 		podCIDRs, field = []string{n.Spec.PodCIDR}, "spec.podCIDR"
 	}
-	if len(podCIDRs) > 0 {
-		ps, err := parsePrefixes(podCIDRs)
-		if err != nil {
-			bad(field, strings.Join(podCIDRs, ","), err)
-		} else {
-			out.PodCIDRs = ps
-		}
+	if len(podCIDRs) == 0 {
+		return nil
 	}
+	ps, err := parsePrefixes(podCIDRs)
+	if err != nil {
+		return &AnnotationError{Annotation: field, Value: strings.Join(podCIDRs, ","), Err: err}
+	}
+	p.node.PodCIDRs = ps
+	return nil
+}
 
-	// Allowed location IPs.
-	if v, ok := get(AnnotationAllowedLocationIPs); ok {
-		ps, err := parsePrefixes(splitList(v))
-		if err != nil {
-			bad(AnnotationAllowedLocationIPs, v, err)
-		} else {
-			out.AllowedLocationIPs = ps
-		}
+// resolveLocation falls back to the topology label without the annotation.
+func (p *nodeParse) resolveLocation(n *corev1.Node, label string) {
+	if p.node.Location != "" {
+		return
 	}
+	if label == "" {
+		label = DefaultTopologyLabel
+	}
+	p.node.Location = strings.TrimSpace(n.Labels[label])
+}
 
-	// Persistent keepalive.
-	if v, ok := get(AnnotationPersistentKeepalive); ok {
-		s, err := strconv.ParseUint(v, 10, 16)
-		if err != nil {
-			bad(AnnotationPersistentKeepalive, v, errors.New("want whole seconds between 0 and 65535"))
-		} else {
-			out.PersistentKeepalive = time.Duration(s) * time.Second
-		}
+// resolveInternalIPs: forced, else status InternalIPs, else published.
+func (p *nodeParse) resolveInternalIPs(n *corev1.Node) {
+	p.node.InternalIPs = p.forcedIPs
+	if len(p.node.InternalIPs) == 0 {
+		p.node.InternalIPs = statusAddrs(n, corev1.NodeInternalIP)
 	}
+	if len(p.node.InternalIPs) == 0 {
+		p.node.InternalIPs = p.ownIPs
+	}
+}
 
-	// Mesh IPs.
-	if v, ok := get(AnnotationWireGuardIP); ok {
-		ips, err := parseAddrList(v, false)
-		if err != nil {
-			bad(AnnotationWireGuardIP, v, err)
-		} else {
-			out.WireGuardIPs = ips
-		}
+// resolveEndpoint: forced (already set), else the first ExternalIP with the
+// published port, else the published endpoint, else the first internal IP.
+func (p *nodeParse) resolveEndpoint(n *corev1.Node) {
+	if p.forced {
+		return
 	}
-
-	// Discovered endpoints.
-	if v, ok := get(AnnotationDiscoveredEndpoints); ok {
-		m, err := parseDiscovered(v)
-		if err != nil {
-			bad(AnnotationDiscoveredEndpoints, v, err)
-		} else {
-			out.DiscoveredEndpoints = m
-		}
+	port := p.port
+	if p.published.IsValid() {
+		port = p.published.Port()
 	}
-	return out, errs
+	switch ext := statusAddrs(n, corev1.NodeExternalIP); {
+	case len(ext) > 0:
+		p.node.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(firstExternal(n, ext), port)}
+		p.node.PublicEndpoint = true
+	case p.published.IsValid():
+		p.node.Endpoint = mesh.Endpoint{Addr: p.published}
+	case len(p.node.InternalIPs) > 0:
+		p.node.Endpoint = mesh.Endpoint{Addr: netip.AddrPortFrom(p.node.InternalIPs[0], p.port)}
+	}
 }
 
 // ParseEndpoint parses a WireGuard endpoint: "host:port", "[v6]:port", a

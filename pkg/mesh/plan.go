@@ -30,15 +30,35 @@ func Build(nodes []Node, peers []Peer, local Local, opts Options) (*Plan, error)
 	return t.plan(), nil
 }
 
-// plan derives the local node's Plan from the topology.
+// plan derives the local node's Plan from the topology in named steps: the
+// plan's header and interface, the routes (to other locations and peers,
+// then within the location), the rules those routes need, and iptables.
 func (t *Topology) plan() *Plan {
-	o := &t.opts
-	lm := &t.members[t.local]
 	ls := &t.Segments[t.LocalSegment]
-	leader := ls.leader == t.local
+	p := t.planHeader(ls)
+	rb := t.newRouteBuilder(ls)
+	if p.Leader {
+		p.WireGuard.Peers = t.wireGuardPeers(&t.members[t.local])
+		t.leaderRoutes(rb)
+	} else {
+		t.memberRoutes(rb, t.members[ls.leader].n)
+	}
+	if t.opts.LocalRoutes {
+		t.locationRoutes(rb, ls)
+	}
+	p.Routes = rb.finish()
+	p.Warnings = append(p.Warnings, rb.warnings...)
+	p.Rules = routeRules(p.Routes, &t.opts)
+	t.iptables(p, rb.pods)
+	return p
+}
+
+// planHeader is the Plan without routes, rules, peers or iptables: the
+// location, leadership and the interface's addresses and port.
+func (t *Topology) planHeader(ls *Segment) *Plan {
 	p := &Plan{
 		Location: ls.Location,
-		Leader:   leader,
+		Leader:   ls.leader == t.local,
 		Leaders:  make(map[string]string, len(t.Segments)),
 		MeshIPs:  t.MeshIPs,
 		Warnings: t.Warnings,
@@ -46,14 +66,20 @@ func (t *Topology) plan() *Plan {
 	for s := range t.Segments {
 		p.Leaders[t.Segments[s].Location] = t.Segments[s].Leader
 	}
-	for _, a := range lm.mesh {
+	for _, a := range t.members[t.local].mesh {
 		if a.IsValid() {
 			p.WireGuard.Addresses = append(p.WireGuard.Addresses, hostPrefix(a))
 		}
 	}
-	p.WireGuard.ListenPort = o.Port
+	p.WireGuard.ListenPort = t.opts.Port
+	return p
+}
 
-	rb := routeBuilder{t: t, table: o.RouteTable, dev: o.Interface}
+// newRouteBuilder starts the routes of the local node, which must never
+// send its own addresses and pods away.
+func (t *Topology) newRouteBuilder(ls *Segment) *routeBuilder {
+	lm := &t.members[t.local]
+	rb := &routeBuilder{t: t, table: t.opts.RouteTable, dev: t.opts.Interface}
 	for _, a := range lm.n.InternalIPs {
 		if a = normAddr(a); a.IsValid() {
 			rb.self = append(rb.self, a)
@@ -74,73 +100,82 @@ func (t *Topology) plan() *Plan {
 	for s := range rb.segGroup {
 		rb.segGroup[s] = -1
 	}
-	if leader {
-		p.WireGuard.Peers = t.wireGuardPeers(lm)
-		for s := range t.Segments {
-			if s != t.LocalSegment {
-				rb.addSegment(s, true, [2]netip.Addr{})
-			}
-		}
-		for i := range t.Peers {
-			rb.addDevice(t.Peers[i].AllowedIPs, "peer", t.Peers[i].Name)
-		}
-	} else {
-		ln := t.members[ls.leader].n
-		gw := gateways(ln)
-		for s := range t.Segments {
-			if s != t.LocalSegment {
-				rb.addSegment(s, false, gw)
-			}
-		}
-		for i := range t.Peers {
-			rb.add(t.Peers[i].AllowedIPs, gw, "peer", t.Peers[i].Name)
-		}
-		for f, m := range rb.missing {
-			if m {
-				rb.warn(fmt.Sprintf("leader %s has no %s internal IP; %s routes skipped", ln.Name, familyName(f), familyName(f)))
-			}
-		}
-	}
-	if o.LocalRoutes {
-		for _, i := range t.order[ls.mlo:ls.mhi] {
-			if i == t.local {
-				continue
-			}
-			m := &t.members[i]
-			var dsts []netip.Prefix
-			for _, c := range m.n.PodCIDRs {
-				if c, ok := normPrefix(c); ok {
-					dsts = append(dsts, c)
-				}
-			}
-			for _, a := range m.mesh {
-				if a.IsValid() {
-					dsts = append(dsts, hostPrefix(a))
-				}
-			}
-			rb.missing = [2]bool{}
-			rb.add(dsts, gateways(m.n), "node", m.n.Name)
-			for f, miss := range rb.missing {
-				if miss {
-					rb.warn(fmt.Sprintf("node %s has no %s internal IP; its local routes skipped", m.n.Name, familyName(f)))
-				}
-			}
-		}
-	}
-	p.Routes = rb.finish()
-	p.Warnings = append(p.Warnings, rb.warnings...)
+	return rb
+}
 
-	var used [2]bool
-	for i := range p.Routes {
-		used[family(p.Routes[i].Dst.Addr())] = true
+// leaderRoutes routes every other location and every Peer to the interface.
+func (t *Topology) leaderRoutes(rb *routeBuilder) {
+	for s := range t.Segments {
+		if s != t.LocalSegment {
+			rb.addSegment(s, true, [2]netip.Addr{})
+		}
 	}
+	for i := range t.Peers {
+		rb.addDevice(t.Peers[i].AllowedIPs, "peer", t.Peers[i].Name)
+	}
+}
+
+// memberRoutes routes every other location and every Peer via the
+// location's leader ln.
+func (t *Topology) memberRoutes(rb *routeBuilder, ln *Node) {
+	gw := gateways(ln)
+	for s := range t.Segments {
+		if s != t.LocalSegment {
+			rb.addSegment(s, false, gw)
+		}
+	}
+	for i := range t.Peers {
+		rb.add(t.Peers[i].AllowedIPs, gw, "peer", t.Peers[i].Name)
+	}
+	for f, m := range rb.missing {
+		if m {
+			rb.warn(fmt.Sprintf("leader %s has no %s internal IP; %s routes skipped", ln.Name, familyName(f), familyName(f)))
+		}
+	}
+}
+
+// locationRoutes (Options.LocalRoutes) routes the pod CIDRs and mesh IPs of
+// the location's other nodes to their internal IPs.
+func (t *Topology) locationRoutes(rb *routeBuilder, ls *Segment) {
+	for _, i := range t.order[ls.mlo:ls.mhi] {
+		if i == t.local {
+			continue
+		}
+		m := &t.members[i]
+		var dsts []netip.Prefix
+		for _, c := range m.n.PodCIDRs {
+			if c, ok := normPrefix(c); ok {
+				dsts = append(dsts, c)
+			}
+		}
+		for _, a := range m.mesh {
+			if a.IsValid() {
+				dsts = append(dsts, hostPrefix(a))
+			}
+		}
+		rb.missing = [2]bool{}
+		rb.add(dsts, gateways(m.n), "node", m.n.Name)
+		for f, miss := range rb.missing {
+			if miss {
+				rb.warn(fmt.Sprintf("node %s has no %s internal IP; its local routes skipped", m.n.Name, familyName(f)))
+			}
+		}
+	}
+}
+
+// routeRules is one rule to the route table per family that has routes.
+func routeRules(routes []Route, o *normalized) []Rule {
+	var used [2]bool
+	for i := range routes {
+		used[family(routes[i].Dst.Addr())] = true
+	}
+	var rules []Rule
 	for f, u := range used {
 		if u {
-			p.Rules = append(p.Rules, Rule{Priority: o.RulePriority, Table: o.RouteTable, IPv6: f == v6})
+			rules = append(rules, Rule{Priority: o.RulePriority, Table: o.RouteTable, IPv6: f == v6})
 		}
 	}
-	t.iptables(p, rb.pods)
-	return p
+	return rules
 }
 
 func familyName(f int) string {
@@ -297,94 +332,75 @@ func (rb *routeBuilder) selfish(dst netip.Prefix) bool {
 }
 
 // finish returns the routes sorted by destination; of two routes to the same
-// destination the first added wins.
+// destination the first added wins. Steps: index the local node's IPv4
+// ranges, collect and sort the destinations, merge them in order with the
+// segments' presorted IPv4 destinations, then the IPv6 ones.
 func (rb *routeBuilder) finish() []Route {
-	t := rb.t
-	// Local addresses and pods as IPv4 ranges for a cheap selfish test.
-	var self4 []uint32
-	var pods4 [][2]uint32
-	for _, a := range rb.self {
-		if a.Is4() {
-			self4 = append(self4, v4u32(a))
+	c := rb.collect()
+	e := routeEmitter{rb: rb, self4: rb.selfRanges4(), rs: make([]Route, 0, c.nseg+len(c.refs))}
+	rb.mergeV4(&e, &c)
+	for _, i := range c.others {
+		r := c.refs[i]
+		grp := &rb.groups[r.g]
+		d := grp.dsts[r.i]
+		if rb.selfish(d) {
+			rb.warn(fmt.Sprintf("not routing %v of %s %s: it covers the local node", d, grp.kind, grp.name))
+			continue
 		}
+		e.emit(d, grp)
 	}
-	for _, c := range rb.pods {
-		if c.Addr().Is4() {
-			lo := v4u32(c.Addr())
-			pods4 = append(pods4, [2]uint32{lo, lo | hostMask4(c.Bits())})
-		}
-	}
-	selfish4 := func(lo, hi uint32) bool {
-		for _, a := range self4 {
-			if lo <= a && a <= hi {
-				return true
-			}
-		}
-		for _, r := range pods4 {
-			if r[0] <= hi && lo <= r[1] {
-				return true
-			}
-		}
-		return false
-	}
-	// The segments' IPv4 destinations are streamed from t.segV4, already
-	// sorted. The others are sorted here: IPv4 as integer keys carrying a
-	// running index, the rest (IPv6) by comparison. refs map the index to
-	// group and position.
-	type ref struct{ g, i int32 }
-	refs := make([]ref, 0, len(rb.groups)+8)
-	keys := t.scratch[:0]
-	var others []int
-	nseg := 0
+	rb.t.scratch = c.keys
+	return e.rs
+}
+
+// routeRef is a destination: rb.groups[g].dsts[i].
+type routeRef struct{ g, i int32 }
+
+// collected are the destinations finish sorts itself (the segments' IPv4
+// ones are streamed from Topology.segV4, already sorted): IPv4 as integer
+// keys v4key<<24|index into refs, the rest (IPv6) as indexes into refs
+// sorted by comparison.
+type collected struct {
+	refs   []routeRef
+	keys   []uint64
+	others []int
+	nseg   int // segment IPv4 destinations, for the capacity
+}
+
+// collect gathers and sorts the destinations that have a next hop.
+func (rb *routeBuilder) collect() collected {
+	c := collected{refs: make([]routeRef, 0, len(rb.groups)+8), keys: rb.t.scratch[:0]}
 	for g := range rb.groups {
 		grp := &rb.groups[g]
 		for i, d := range grp.dsts {
 			is4 := d.Addr().Is4()
 			if grp.seg >= 0 && is4 {
-				nseg++
+				c.nseg++
 				continue
 			}
 			if !grp.device && !grp.gw[family(d.Addr())].IsValid() {
 				continue // missing gateway family, reported by add
 			}
-			if is4 && len(refs) < 1<<24 {
-				keys = append(keys, v4key(d)<<24|uint64(len(refs)))
+			if is4 && len(c.refs) < 1<<24 {
+				c.keys = append(c.keys, v4key(d)<<24|uint64(len(c.refs)))
 			} else {
-				others = append(others, len(refs))
+				c.others = append(c.others, len(c.refs))
 			}
-			refs = append(refs, ref{int32(g), int32(i)})
+			c.refs = append(c.refs, routeRef{int32(g), int32(i)})
 		}
 	}
-	dst := func(r ref) netip.Prefix { return rb.groups[r.g].dsts[r.i] }
-	sortU64(keys)
-	slices.SortFunc(others, func(a, b int) int { return cmp.Or(comparePrefix(dst(refs[a]), dst(refs[b])), cmp.Compare(a, b)) })
+	dst := func(r routeRef) netip.Prefix { return rb.groups[r.g].dsts[r.i] }
+	sortU64(c.keys)
+	slices.SortFunc(c.others, func(a, b int) int {
+		return cmp.Or(comparePrefix(dst(c.refs[a]), dst(c.refs[b])), cmp.Compare(a, b))
+	})
+	return c
+}
 
-	rs := make([]Route, 0, nseg+len(refs))
-	emit := func(d netip.Prefix, grp *routeGroup) {
-		if k := len(rs); k > 0 && rs[k-1].Dst == d {
-			rb.warn(fmt.Sprintf("duplicate route to %v of %s %s ignored", d, grp.kind, grp.name))
-			return
-		}
-		rs = rs[:len(rs)+1]
-		r := &rs[len(rs)-1]
-		r.Table, r.Dst = rb.table, d
-		if grp.device {
-			r.Device = rb.dev
-		} else {
-			r.Gateway = grp.gw[family(d.Addr())]
-		}
-	}
-	emit4 := func(k uint64, grp *routeGroup) { // k is a v4key
-		lo := uint32(k >> 8)
-		hi := lo | hostMask4(int(k&0xff))
-		d := fromV4key(k)
-		if selfish4(lo, hi) {
-			rb.warn(fmt.Sprintf("not routing %v of %s %s: it covers the local node", d, grp.kind, grp.name))
-			return
-		}
-		emit(d, grp)
-	}
-	seg := t.segV4
+// mergeV4 emits the IPv4 routes in order: the segments' presorted keys
+// merged with the collected ones (segments first on a tie).
+func (rb *routeBuilder) mergeV4(e *routeEmitter, c *collected) {
+	seg, keys := rb.t.segV4, c.keys
 	const low24 = 1<<24 - 1
 	last := ^uint64(0)
 	for i, j := 0, 0; i < len(seg) || j < len(keys); {
@@ -403,24 +419,86 @@ func (rb *routeBuilder) finish() []Route {
 			if !grp.device && !grp.gw[v4].IsValid() {
 				continue
 			}
-			emit4(k>>24, grp)
+			e.emit4(k>>24, grp)
 			continue
 		}
-		r := refs[keys[j]&low24]
+		r := c.refs[keys[j]&low24]
 		j++
-		emit4(keys[j-1]>>24, &rb.groups[r.g])
+		e.emit4(keys[j-1]>>24, &rb.groups[r.g])
 	}
-	for _, i := range others {
-		r := refs[i]
-		d := dst(r)
-		if rb.selfish(d) {
-			rb.warn(fmt.Sprintf("not routing %v of %s %s: it covers the local node", d, rb.groups[r.g].kind, rb.groups[r.g].name))
-			continue
+}
+
+// selfRanges4 are the local node's IPv4 addresses and pod CIDRs as integer
+// ranges, for a cheap test of IPv4 destinations.
+func (rb *routeBuilder) selfRanges4() self4 {
+	var s self4
+	for _, a := range rb.self {
+		if a.Is4() {
+			s.addrs = append(s.addrs, v4u32(a))
 		}
-		emit(d, &rb.groups[r.g])
 	}
-	t.scratch = keys
-	return rs
+	for _, c := range rb.pods {
+		if c.Addr().Is4() {
+			lo := v4u32(c.Addr())
+			s.pods = append(s.pods, [2]uint32{lo, lo | hostMask4(c.Bits())})
+		}
+	}
+	return s
+}
+
+// self4 is routeBuilder.selfish for IPv4 ranges.
+type self4 struct {
+	addrs []uint32
+	pods  [][2]uint32
+}
+
+func (s *self4) covered(lo, hi uint32) bool {
+	for _, a := range s.addrs {
+		if lo <= a && a <= hi {
+			return true
+		}
+	}
+	for _, r := range s.pods {
+		if r[0] <= hi && lo <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// routeEmitter appends routes in destination order, dropping duplicates
+// and routes that cover the local node.
+type routeEmitter struct {
+	rb    *routeBuilder
+	self4 self4
+	rs    []Route
+}
+
+func (e *routeEmitter) emit(d netip.Prefix, grp *routeGroup) {
+	if k := len(e.rs); k > 0 && e.rs[k-1].Dst == d {
+		e.rb.warn(fmt.Sprintf("duplicate route to %v of %s %s ignored", d, grp.kind, grp.name))
+		return
+	}
+	e.rs = e.rs[:len(e.rs)+1]
+	r := &e.rs[len(e.rs)-1]
+	r.Table, r.Dst = e.rb.table, d
+	if grp.device {
+		r.Device = e.rb.dev
+	} else {
+		r.Gateway = grp.gw[family(d.Addr())]
+	}
+}
+
+// emit4 emits the IPv4 destination with v4key k.
+func (e *routeEmitter) emit4(k uint64, grp *routeGroup) {
+	lo := uint32(k >> 8)
+	hi := lo | hostMask4(int(k&0xff))
+	d := fromV4key(k)
+	if e.self4.covered(lo, hi) {
+		e.rb.warn(fmt.Sprintf("not routing %v of %s %s: it covers the local node", d, grp.kind, grp.name))
+		return
+	}
+	e.emit(d, grp)
 }
 
 // v4u32 is an IPv4 address as an integer.

@@ -160,65 +160,8 @@ func (t *Topology) collectMembers(nodes []Node, local Local) error {
 // first peer in name order. It sorts integer keys (the first five key bytes
 // and the entry's rank) rather than filling a map.
 func (t *Topology) dedupeKeys(ps []Peer) []Peer {
-	var zero wgtypes.Key
-	nm := len(t.members)
-	// Rank r: 0 is the local node, 1..nm the members in name order (the
-	// local one excluded), nm+1.. the peers.
-	key := func(r int) *wgtypes.Key {
-		switch {
-		case r == 0:
-			return &t.members[t.local].n.PublicKey
-		case r <= nm:
-			return &t.members[r-1].n.PublicKey
-		}
-		return &ps[r-nm-1].PublicKey
-	}
-	name := func(r int) string {
-		switch {
-		case r == 0:
-			return "node " + t.members[t.local].n.Name
-		case r <= nm:
-			return "node " + t.members[r-1].n.Name
-		}
-		return "peer " + ps[r-nm-1].Name
-	}
-	ks := make([]uint64, 0, nm+len(ps)+1)
-	for r := 0; r <= nm+len(ps); r++ {
-		if r == 0 && t.local < 0 || r > 0 && r <= nm && r-1 == t.local {
-			continue
-		}
-		k := key(r)
-		if *k == zero || r >= 1<<24 {
-			continue
-		}
-		ks = append(ks, uint64(k[0])<<56|uint64(k[1])<<48|uint64(k[2])<<40|uint64(k[3])<<32|uint64(k[4])<<24|uint64(r))
-	}
-	sortU64(ks)
-	var dropped []int // ranks, paired with their owner in owners
-	var owners []int
-	for i := 0; i < len(ks); {
-		j := i + 1
-		for j < len(ks) && ks[j]>>24 == ks[i]>>24 {
-			j++
-		}
-		if j-i > 1 { // rare: same first five bytes
-			run := ks[i:j]
-			slices.SortFunc(run, func(a, b uint64) int {
-				return cmp.Or(bytes.Compare(key(int(a & (1<<24 - 1)))[:], key(int(b & (1<<24 - 1)))[:]), cmp.Compare(a, b))
-			})
-			rank := func(x int) int { return int(run[x] & (1<<24 - 1)) }
-			for x := 1; x < len(run); x++ {
-				o := x
-				for o > 0 && *key(rank(o - 1)) == *key(rank(x)) {
-					o--
-				}
-				if o != x {
-					dropped, owners = append(dropped, rank(x)), append(owners, rank(o))
-				}
-			}
-		}
-		i = j
-	}
+	kr := keyRanks{t: t, ps: ps, nm: len(t.members)}
+	dropped, owners := kr.duplicates(kr.sortedKeys())
 	if len(dropped) == 0 {
 		return ps
 	}
@@ -229,9 +172,94 @@ func (t *Topology) dedupeKeys(ps []Peer) []Peer {
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(dropped[a], dropped[b]) })
 	gone := make(map[int]bool, len(dropped)) // rare path
 	for _, i := range order {
-		t.warn(fmt.Sprintf("%s has the same public key as %s; ignored", name(dropped[i]), name(owners[i])))
+		t.warn(fmt.Sprintf("%s has the same public key as %s; ignored", kr.name(dropped[i]), kr.name(owners[i])))
 		gone[dropped[i]] = true
 	}
+	return t.dropRanks(ps, gone)
+}
+
+// keyRanks numbers the public keys dedupeKeys compares: rank 0 is the local
+// node, 1..nm the members in name order (the local one excluded), nm+1.. the
+// peers.
+type keyRanks struct {
+	t  *Topology
+	ps []Peer
+	nm int
+}
+
+func (kr *keyRanks) key(r int) *wgtypes.Key {
+	switch {
+	case r == 0:
+		return &kr.t.members[kr.t.local].n.PublicKey
+	case r <= kr.nm:
+		return &kr.t.members[r-1].n.PublicKey
+	}
+	return &kr.ps[r-kr.nm-1].PublicKey
+}
+
+func (kr *keyRanks) name(r int) string {
+	switch {
+	case r == 0:
+		return "node " + kr.t.members[kr.t.local].n.Name
+	case r <= kr.nm:
+		return "node " + kr.t.members[r-1].n.Name
+	}
+	return "peer " + kr.ps[r-kr.nm-1].Name
+}
+
+// sortedKeys are the non-zero keys as integers (first five key bytes<<24 |
+// rank), sorted.
+func (kr *keyRanks) sortedKeys() []uint64 {
+	var zero wgtypes.Key
+	t, nm := kr.t, kr.nm
+	ks := make([]uint64, 0, nm+len(kr.ps)+1)
+	for r := 0; r <= nm+len(kr.ps); r++ {
+		if r == 0 && t.local < 0 || r > 0 && r <= nm && r-1 == t.local {
+			continue
+		}
+		k := kr.key(r)
+		if *k == zero || r >= 1<<24 {
+			continue
+		}
+		ks = append(ks, uint64(k[0])<<56|uint64(k[1])<<48|uint64(k[2])<<40|uint64(k[3])<<32|uint64(k[4])<<24|uint64(r))
+	}
+	sortU64(ks)
+	return ks
+}
+
+// duplicates finds, among sorted keys, every rank whose whole key equals an
+// earlier one's: dropped[i] has the key of owners[i].
+func (kr *keyRanks) duplicates(ks []uint64) (dropped, owners []int) {
+	for i := 0; i < len(ks); {
+		j := i + 1
+		for j < len(ks) && ks[j]>>24 == ks[i]>>24 {
+			j++
+		}
+		if j-i > 1 { // rare: same first five bytes
+			run := ks[i:j]
+			slices.SortFunc(run, func(a, b uint64) int {
+				return cmp.Or(bytes.Compare(kr.key(int(a & (1<<24 - 1)))[:], kr.key(int(b & (1<<24 - 1)))[:]), cmp.Compare(a, b))
+			})
+			rank := func(x int) int { return int(run[x] & (1<<24 - 1)) }
+			for x := 1; x < len(run); x++ {
+				o := x
+				for o > 0 && *kr.key(rank(o - 1)) == *kr.key(rank(x)) {
+					o--
+				}
+				if o != x {
+					dropped, owners = append(dropped, rank(x)), append(owners, rank(o))
+				}
+			}
+		}
+		i = j
+	}
+	return dropped, owners
+}
+
+// dropRanks removes the members and peers whose rank is gone (never the
+// local node) and returns the remaining peers.
+func (t *Topology) dropRanks(ps []Peer, gone map[int]bool) []Peer {
+	nm := len(t.members)
 	members := t.members[:0]
 	localName := ""
 	if t.local >= 0 {
@@ -295,43 +323,7 @@ func (t *Topology) locationOf(n *Node) string {
 // group builds the segments (sorted by location) and their member lists.
 func (t *Topology) group() {
 	ms := t.members
-	var locs []string
-	if t.opts.Granularity == GranularityFull {
-		locs = make([]string, len(ms))
-		for i := range ms {
-			locs[i] = ms[i].n.Name
-			ms[i].seg = i
-		}
-	} else {
-		idx := make(map[string]int)
-		for i := range ms {
-			l := t.locationOf(ms[i].n)
-			s, ok := idx[l]
-			if !ok {
-				s = len(locs)
-				idx[l] = s
-				locs = append(locs, l)
-			}
-			ms[i].seg = s
-		}
-		if !slices.IsSorted(locs) {
-			perm := make([]int, len(locs))
-			for i := range perm {
-				perm[i] = i
-			}
-			slices.SortFunc(perm, func(a, b int) int { return strings.Compare(locs[a], locs[b]) })
-			rank := make([]int, len(locs))
-			sorted := make([]string, len(locs))
-			for r, old := range perm {
-				rank[old] = r
-				sorted[r] = locs[old]
-			}
-			for i := range ms {
-				ms[i].seg = rank[ms[i].seg]
-			}
-			locs = sorted
-		}
-	}
+	locs := t.locations()
 	// Counting sort of members by segment keeps name order inside.
 	t.Segments = make([]Segment, len(locs))
 	for i := range ms {
@@ -360,6 +352,50 @@ func (t *Topology) group() {
 	if t.local >= 0 {
 		t.LocalSegment = ms[t.local].seg
 	}
+}
+
+// locations returns the sorted segment names (locations, or node names with
+// full granularity) and sets every member's segment index.
+func (t *Topology) locations() []string {
+	ms := t.members
+	if t.opts.Granularity == GranularityFull {
+		locs := make([]string, len(ms))
+		for i := range ms {
+			locs[i] = ms[i].n.Name
+			ms[i].seg = i
+		}
+		return locs
+	}
+	var locs []string
+	idx := make(map[string]int)
+	for i := range ms {
+		l := t.locationOf(ms[i].n)
+		s, ok := idx[l]
+		if !ok {
+			s = len(locs)
+			idx[l] = s
+			locs = append(locs, l)
+		}
+		ms[i].seg = s
+	}
+	if slices.IsSorted(locs) {
+		return locs
+	}
+	perm := make([]int, len(locs))
+	for i := range perm {
+		perm[i] = i
+	}
+	slices.SortFunc(perm, func(a, b int) int { return strings.Compare(locs[a], locs[b]) })
+	rank := make([]int, len(locs))
+	sorted := make([]string, len(locs))
+	for r, old := range perm {
+		rank[old] = r
+		sorted[r] = locs[old]
+	}
+	for i := range ms {
+		ms[i].seg = rank[ms[i].seg]
+	}
+	return sorted
 }
 
 // publishMeshIPs fills Topology.MeshIPs and the segments' MeshIPs.
@@ -622,39 +658,75 @@ func (t *Topology) allowedIPs(endpoints endpointSet) {
 // AllowedIPs and t.segV4, the kept IPv4 prefixes of all segments as sorted
 // v4key<<24|segment keys, which later stages reuse instead of sorting again.
 func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints *endpointSet) {
-	const low24 = 1<<24 - 1
-	type drop struct {
-		seg, owner int
-		p          netip.Prefix
-	}
-	var drops []drop
-	type entry struct {
-		seg int
-		p   netip.Prefix
-	}
-	var v6s []entry
-	keys := make([]uint64, 0, len(core))
+	ss := segSorter{core: core, ranges: ranges, endpoints: endpoints, w: make([]int, len(ranges))}
+	keys, v6s := ss.split()
+	t.segV4 = ss.mergeV4(keys)
+	ss.mergeV6(v6s)
 	for s, r := range ranges {
-		for _, p := range core[r[0]:r[1]] {
+		t.Segments[s].AllowedIPs = core[r[0]:ss.w[s]:ss.w[s]]
+	}
+	slices.SortFunc(ss.drops, func(a, b segDrop) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
+	for _, d := range ss.drops {
+		loc := t.Segments[d.seg].Location
+		t.warn(fmt.Sprintf("%v of location %s is also in location %s; dropped from %s", d.p, loc, t.Segments[d.owner].Location, loc))
+	}
+}
+
+// segSorter is sortSegments' state: every segment's prefixes are rewritten
+// in place into core[ranges[s][0]:w[s]].
+type segSorter struct {
+	core      []netip.Prefix
+	ranges    [][2]int
+	endpoints *endpointSet
+	w         []int // next write position per segment
+	drops     []segDrop
+}
+
+// segDrop is prefix p of segment seg, dropped as already in segment owner.
+type segDrop struct {
+	seg, owner int
+	p          netip.Prefix
+}
+
+// segEntry is a prefix (IPv6, or of a segment past the key's 24 bits) of
+// segment seg.
+type segEntry struct {
+	seg int
+	p   netip.Prefix
+}
+
+const low24 = 1<<24 - 1
+
+// split returns the IPv4 prefixes as keys (v4key<<24|segment), sorted by
+// one global sort, and the others as entries.
+func (ss *segSorter) split() (keys []uint64, others []segEntry) {
+	keys = make([]uint64, 0, len(ss.core))
+	for s, r := range ss.ranges {
+		ss.w[s] = r[0]
+		for _, p := range ss.core[r[0]:r[1]] {
 			if p.Addr().Is4() && s <= low24 {
 				keys = append(keys, v4key(p)<<24|uint64(s))
 			} else {
-				v6s = append(v6s, entry{s, p})
+				others = append(others, segEntry{s, p})
 			}
 		}
 	}
-	// One global sort; distributing the keys in order gives every segment
-	// its sorted list.
 	sortU64(keys)
-	w := make([]int, len(ranges))       // next write position per segment
-	last := make([]uint64, len(ranges)) // last kept v4key per segment
-	const none = ^uint64(0)             // not a v4key: its length would be 255
-	for s, r := range ranges {
-		w[s], last[s] = r[0], none
+	return keys, others
+}
+
+// mergeV4 distributes the sorted keys to their segments in order, dropping
+// endpoints' host prefixes, prefixes another segment has (first owner wins)
+// and prefixes a segment's previous one contains; it returns the kept keys.
+func (ss *segSorter) mergeV4(keys []uint64) []uint64 {
+	last := make([]uint64, len(ss.ranges)) // last kept v4key per segment
+	const none = ^uint64(0)                // not a v4key: its length would be 255
+	for s := range last {
+		last[s] = none
 	}
 	kept := keys[:0]
 	owner := -1
-	ep, e := endpoints.v4, 0
+	ep, e := ss.endpoints.v4, 0
 	for i, k := range keys {
 		p, s := k>>24, int(k&low24)
 		if p&0xff == 32 {
@@ -667,7 +739,7 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 		}
 		if i > 0 && keys[i-1]>>24 == p {
 			if s != owner {
-				drops = append(drops, drop{s, owner, fromV4key(p)})
+				ss.drops = append(ss.drops, segDrop{s, owner, fromV4key(p)})
 			}
 			continue
 		}
@@ -676,39 +748,36 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 			continue
 		}
 		last[s] = p
-		core[w[s]] = fromV4key(p)
-		w[s]++
+		ss.core[ss.w[s]] = fromV4key(p)
+		ss.w[s]++
 		kept = append(kept, k)
 	}
-	t.segV4 = kept
-	if len(v6s) > 0 {
-		slices.SortFunc(v6s, func(a, b entry) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
-		owners := make(map[netip.Prefix]int)
-		for i, e := range v6s {
-			if i > 0 && v6s[i-1] == e || e.p.IsSingleIP() && endpoints.has6(e.p.Addr()) {
-				continue
-			}
-			if o, dup := owners[e.p]; dup {
-				drops = append(drops, drop{e.seg, o, e.p})
-				continue
-			}
-			owners[e.p] = e.seg
-			if r := ranges[e.seg]; w[e.seg] > r[0] {
-				if l := core[w[e.seg]-1]; l.Addr().Is6() && l.Overlaps(e.p) {
-					continue // sorted: l contains e.p
-				}
-			}
-			core[w[e.seg]] = e.p
-			w[e.seg]++
+	return kept
+}
+
+// mergeV6 does the same for the other prefixes, sorted by comparison.
+func (ss *segSorter) mergeV6(v6s []segEntry) {
+	if len(v6s) == 0 {
+		return
+	}
+	slices.SortFunc(v6s, func(a, b segEntry) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
+	owners := make(map[netip.Prefix]int)
+	for i, e := range v6s {
+		if i > 0 && v6s[i-1] == e || e.p.IsSingleIP() && ss.endpoints.has6(e.p.Addr()) {
+			continue
 		}
-	}
-	for s, r := range ranges {
-		t.Segments[s].AllowedIPs = core[r[0]:w[s]:w[s]]
-	}
-	slices.SortFunc(drops, func(a, b drop) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
-	for _, d := range drops {
-		loc := t.Segments[d.seg].Location
-		t.warn(fmt.Sprintf("%v of location %s is also in location %s; dropped from %s", d.p, loc, t.Segments[d.owner].Location, loc))
+		if o, dup := owners[e.p]; dup {
+			ss.drops = append(ss.drops, segDrop{e.seg, o, e.p})
+			continue
+		}
+		owners[e.p] = e.seg
+		if r := ss.ranges[e.seg]; ss.w[e.seg] > r[0] {
+			if l := ss.core[ss.w[e.seg]-1]; l.Addr().Is6() && l.Overlaps(e.p) {
+				continue // sorted: l contains e.p
+			}
+		}
+		ss.core[ss.w[e.seg]] = e.p
+		ss.w[e.seg]++
 	}
 }
 
@@ -722,24 +791,8 @@ func containsKey(a, b uint64) bool {
 // another location's pod CIDRs, internal or mesh IPs, any WireGuard endpoint,
 // or the allowed-location-ips of an earlier location (name order) is dropped.
 func (t *Topology) checkALIs(core []netip.Prefix, ranges [][2]int, endpoints endpointSet) [][]netip.Prefix {
-	var x spanIndex
-	for s, r := range ranges {
-		for _, p := range core[r[0]:r[1]] {
-			x.add(p, s)
-		}
-	}
-	for _, k := range endpoints.v4 {
-		x.add(fromV4key(k), ownerEndpoint)
-	}
-	for _, a := range endpoints.v6 {
-		x.add(hostPrefix(a), ownerEndpoint)
-	}
-	x.build()
-	type owned struct {
-		p netip.Prefix
-		s int
-	}
-	var earlier []owned
+	x := coreIndex(core, ranges, endpoints)
+	var earlier []ownedPrefix
 	kept := make([][]netip.Prefix, len(t.Segments))
 	for s := range t.Segments {
 		seg := &t.Segments[s]
@@ -753,27 +806,7 @@ func (t *Topology) checkALIs(core []netip.Prefix, ranges [][2]int, endpoints end
 		}
 		alis = mergePrefixes(alis)
 		for _, p := range alis {
-			var conflict string
-			x.each(p, func(i int) bool {
-				switch o := int(x.s[i].owner); {
-				case o == ownerEndpoint:
-					conflict = fmt.Sprintf("contains WireGuard endpoint %v", x.s[i].prefix().Addr())
-				case o != s:
-					conflict = fmt.Sprintf("overlaps %v of location %s", x.s[i].prefix(), t.Segments[o].Location)
-				default:
-					return true
-				}
-				return false
-			})
-			if conflict == "" {
-				for _, e := range earlier {
-					if e.s != s && e.p.Overlaps(p) {
-						conflict = fmt.Sprintf("overlaps allowed-location-ip %v of location %s", e.p, t.Segments[e.s].Location)
-						break
-					}
-				}
-			}
-			if conflict != "" {
+			if conflict := t.aliConflict(&x, earlier, p, s); conflict != "" {
 				t.warn(fmt.Sprintf("allowed-location-ip %v of location %s %s; dropped from %s", p, seg.Location, conflict, seg.Location))
 				continue
 			}
@@ -781,10 +814,62 @@ func (t *Topology) checkALIs(core []netip.Prefix, ranges [][2]int, endpoints end
 			t.alis = append(t.alis, p)
 		}
 		for _, p := range kept[s] {
-			earlier = append(earlier, owned{p, s})
+			earlier = append(earlier, ownedPrefix{p, s})
 		}
 	}
 	return kept
+}
+
+// ownedPrefix is a prefix of segment s.
+type ownedPrefix struct {
+	p netip.Prefix
+	s int
+}
+
+// coreIndex indexes the segments' core prefixes (core[ranges[s]] belongs to
+// segment s) and the WireGuard endpoints (ownerEndpoint).
+func coreIndex(core []netip.Prefix, ranges [][2]int, endpoints endpointSet) spanIndex {
+	var x spanIndex
+	for s, r := range ranges {
+		for _, p := range core[r[0]:r[1]] {
+			x.add(p, s)
+		}
+	}
+	for _, k := range endpoints.v4 {
+		x.add(fromV4key(k), ownerEndpoint)
+	}
+	for _, a := range endpoints.v6 {
+		x.add(hostPrefix(a), ownerEndpoint)
+	}
+	x.build()
+	return x
+}
+
+// aliConflict says why allowed-location-ip p of segment s must be dropped
+// ("" if it may stay): it overlaps another segment's core prefixes, contains
+// an endpoint, or overlaps an allowed-location-ip kept earlier.
+func (t *Topology) aliConflict(x *spanIndex, earlier []ownedPrefix, p netip.Prefix, s int) string {
+	var conflict string
+	x.each(p, func(i int) bool {
+		switch o := int(x.s[i].owner); {
+		case o == ownerEndpoint:
+			conflict = fmt.Sprintf("contains WireGuard endpoint %v", x.s[i].prefix().Addr())
+		case o != s:
+			conflict = fmt.Sprintf("overlaps %v of location %s", x.s[i].prefix(), t.Segments[o].Location)
+		default:
+			return true
+		}
+		return false
+	})
+	if conflict != "" {
+		return conflict
+	}
+	for _, e := range earlier {
+		if e.s != s && e.p.Overlaps(p) {
+			return fmt.Sprintf("overlaps allowed-location-ip %v of location %s", e.p, t.Segments[e.s].Location)
+		}
+	}
+	return ""
 }
 
 // filterPeers drops peer allowed IPs that overlap a segment's allowed IPs or
@@ -802,28 +887,7 @@ func (t *Topology) filterPeers(ps []Peer) []Peer {
 		return ps
 	}
 	x.build()
-	// The segments' IPv4 prefixes are t.segV4 (sorted keys); maxHi[i] is
-	// the highest last address among keys[0..i].
-	var maxHi []uint32
-	if has[v4] {
-		maxHi = make([]uint32, len(t.segV4))
-		var m uint32
-		for i, k := range t.segV4 {
-			m = max(m, keyLast(k))
-			maxHi[i] = m
-		}
-	}
-	var segV6 spanIndex
-	if has[v6] {
-		for s := range t.Segments {
-			for _, p := range t.Segments[s].AllowedIPs {
-				if p.Addr().Is6() {
-					segV6.add(p, s)
-				}
-			}
-		}
-		segV6.build()
-	}
+	maxHi, segV6 := t.segmentIndexes(has)
 	dropped := make([]bool, len(x.s))
 	// In peer order: sort entry indices by owner.
 	byOwner := make([]int32, len(x.s))
@@ -863,19 +927,49 @@ func (t *Topology) filterPeers(ps []Peer) []Peer {
 			return true
 		})
 	}
+	return dropAllowedIPs(ps, &x, dropped)
+}
+
+// dropAllowedIPs removes the dropped entries of x from the peers' allowed IPs.
+func dropAllowedIPs(ps []Peer, x *spanIndex, dropped []bool) []Peer {
 	if !slices.Contains(dropped, true) {
 		return ps
 	}
 	for pi := range ps {
 		var ips []netip.Prefix
 		for _, p := range ps[pi].AllowedIPs {
-			if !isDropped(&x, dropped, p, pi) {
+			if !isDropped(x, dropped, p, pi) {
 				ips = append(ips, p)
 			}
 		}
 		ps[pi].AllowedIPs = ips
 	}
 	return ps
+}
+
+// segmentIndexes indexes the segments' allowed IPs of the families the
+// peers use: IPv4 as t.segV4 (sorted keys) with maxHi[i], the highest last
+// address among keys[0..i]; IPv6 as a spanIndex.
+func (t *Topology) segmentIndexes(has [2]bool) (maxHi []uint32, segV6 spanIndex) {
+	if has[v4] {
+		maxHi = make([]uint32, len(t.segV4))
+		var m uint32
+		for i, k := range t.segV4 {
+			m = max(m, keyLast(k))
+			maxHi[i] = m
+		}
+	}
+	if has[v6] {
+		for s := range t.Segments {
+			for _, p := range t.Segments[s].AllowedIPs {
+				if p.Addr().Is6() {
+					segV6.add(p, s)
+				}
+			}
+		}
+		segV6.build()
+	}
+	return maxHi, segV6
 }
 
 // keyLast is the last address of the prefix in a segment key (v4key<<24|seg).

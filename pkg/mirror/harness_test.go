@@ -196,8 +196,11 @@ func (e *env) slices(ns, name string) []discoveryv1.EndpointSlice {
 func (e *env) waitGone(ns, name string) {
 	e.t.Helper()
 	eventually(e.t, func() error {
-		if _, err := e.service(ns, name); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("service %s/%s still there (%v)", ns, name, err)
+		switch _, err := e.service(ns, name); {
+		case err == nil:
+			return fmt.Errorf("service %s/%s still there", ns, name)
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("service %s/%s: %w", ns, name, err)
 		}
 		if n := len(e.slices(ns, name)); n > 0 {
 			return fmt.Errorf("%d slices of %s/%s still there", n, ns, name)
