@@ -66,6 +66,7 @@ type Topology struct {
 	nodes   []Node   // the input, for facts about non-members (read only)
 	scratch []uint64 // sort buffer
 	segV4   []uint64 // segments' IPv4 prefixes as sorted v4key<<24|segment
+	eps     endpointSet
 }
 
 // member is one WireGuard member node.
@@ -107,9 +108,9 @@ func NewTopology(nodes []Node, peers []Peer, local Local, opts Options) (*Topolo
 	allocateMeshIPs(t.members, o.mesh, t.warn)
 	t.publishMeshIPs()
 	t.electLeaders(nodes)
-	endpoints := t.endpoints(ps)
-	t.allowedIPs(endpoints)
-	t.Peers = t.filterPeers(ps)
+	t.eps = t.endpoints(ps)
+	t.allowedIPs(t.eps)
+	t.Peers = t.filterPeers(ps, &t.eps)
 	return t, nil
 }
 
@@ -552,10 +553,21 @@ func (t *Topology) endpoints(ps []Peer) endpointSet {
 	return e
 }
 
-// has6 reports whether the non-IPv4 address a is an endpoint.
-func (e *endpointSet) has6(a netip.Addr) bool {
-	_, ok := slices.BinarySearchFunc(e.v6, a, netip.Addr.Compare)
-	return ok
+// within returns an endpoint address inside the normalized prefix p, if any.
+func (e *endpointSet) within(p netip.Prefix) (netip.Addr, bool) {
+	if p.Addr().Is4() {
+		lo := v4u32(p.Addr())
+		i, _ := slices.BinarySearch(e.v4, uint64(lo)<<8)
+		if i < len(e.v4) && uint32(e.v4[i]>>8) <= lo|hostMask4(p.Bits()) {
+			return fromV4key(e.v4[i]).Addr(), true
+		}
+		return netip.Addr{}, false
+	}
+	i, _ := slices.BinarySearchFunc(e.v6, p.Addr(), netip.Addr.Compare)
+	if i < len(e.v6) && p.Contains(e.v6[i]) {
+		return e.v6[i], true
+	}
+	return netip.Addr{}, false
 }
 
 // ownerEndpoint marks an endpoint address in the conflict index.
@@ -624,8 +636,9 @@ func (t *Topology) allowedIPs(endpoints endpointSet) {
 func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints *endpointSet) {
 	const low24 = 1<<24 - 1
 	type drop struct {
-		seg, owner int
+		seg, owner int // owner -1: p contains endpoint ep
 		p          netip.Prefix
+		ep         netip.Addr
 	}
 	var drops []drop
 	type entry struct {
@@ -654,20 +667,19 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 	}
 	kept := keys[:0]
 	owner := -1
-	ep, e := endpoints.v4, 0
 	for i, k := range keys {
 		p, s := k>>24, int(k&low24)
-		if p&0xff == 32 {
-			for e < len(ep) && ep[e] < p {
-				e++
+		// An endpoint's own host prefix is left out silently; a wider
+		// prefix containing an endpoint is dropped and reported.
+		if a, ok := endpoints.within(fromV4key(p)); ok {
+			if p&0xff != 32 {
+				drops = append(drops, drop{seg: s, owner: -1, p: fromV4key(p), ep: a})
 			}
-			if e < len(ep) && ep[e] == p {
-				continue
-			}
+			continue
 		}
 		if i > 0 && keys[i-1]>>24 == p {
 			if s != owner {
-				drops = append(drops, drop{s, owner, fromV4key(p)})
+				drops = append(drops, drop{seg: s, owner: owner, p: fromV4key(p)})
 			}
 			continue
 		}
@@ -685,11 +697,17 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 		slices.SortFunc(v6s, func(a, b entry) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
 		owners := make(map[netip.Prefix]int)
 		for i, e := range v6s {
-			if i > 0 && v6s[i-1] == e || e.p.IsSingleIP() && endpoints.has6(e.p.Addr()) {
+			if i > 0 && v6s[i-1] == e {
+				continue
+			}
+			if a, ok := endpoints.within(e.p); ok {
+				if !e.p.IsSingleIP() {
+					drops = append(drops, drop{seg: e.seg, owner: -1, p: e.p, ep: a})
+				}
 				continue
 			}
 			if o, dup := owners[e.p]; dup {
-				drops = append(drops, drop{e.seg, o, e.p})
+				drops = append(drops, drop{seg: e.seg, owner: o, p: e.p})
 				continue
 			}
 			owners[e.p] = e.seg
@@ -708,6 +726,10 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 	slices.SortFunc(drops, func(a, b drop) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
 	for _, d := range drops {
 		loc := t.Segments[d.seg].Location
+		if d.owner < 0 {
+			t.warn(fmt.Sprintf("%v of location %s contains WireGuard endpoint %v; dropped from %s", d.p, loc, d.ep, loc))
+			continue
+		}
 		t.warn(fmt.Sprintf("%v of location %s is also in location %s; dropped from %s", d.p, loc, t.Segments[d.owner].Location, loc))
 	}
 }
@@ -787,9 +809,10 @@ func (t *Topology) checkALIs(core []netip.Prefix, ranges [][2]int, endpoints end
 	return kept
 }
 
-// filterPeers drops peer allowed IPs that overlap a segment's allowed IPs or
+// filterPeers drops peer allowed IPs that contain a WireGuard endpoint (routing
+// them through the tunnel would loop) or overlap a segment's allowed IPs or
 // those of an earlier peer (name order).
-func (t *Topology) filterPeers(ps []Peer) []Peer {
+func (t *Topology) filterPeers(ps []Peer, endpoints *endpointSet) []Peer {
 	var x spanIndex
 	var has [2]bool
 	for i := range ps {
@@ -836,6 +859,11 @@ func (t *Topology) filterPeers(ps []Peer) []Peer {
 	for _, i := range byOwner {
 		e := &x.s[i]
 		me, p := e.owner, e.prefix()
+		if a, ok := endpoints.within(p); ok {
+			dropped[i] = true
+			t.warn(fmt.Sprintf("allowed IP %v of peer %s contains WireGuard endpoint %v; dropped from peer %s", p, ps[me].Name, a, ps[me].Name))
+			continue
+		}
 		seg, other := -1, netip.Prefix{}
 		if e.fam == v4 {
 			if k, ok := overlapV4(t.segV4, maxHi, uint32(e.lo.lo), uint32(e.hi.lo)); ok {
