@@ -482,12 +482,7 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortFunc(idx, func(a, b int) int {
-		if c := strings.Compare(peers[a].Name, peers[b].Name); c != 0 {
-			return c
-		}
-		return bytes.Compare(peers[a].PublicKey[:], peers[b].PublicKey[:])
-	})
+	slices.SortFunc(idx, func(a, b int) int { return comparePeers(&peers[a], &peers[b]) })
 	n := 0
 	for i := range peers {
 		n += len(peers[i].AllowedIPs)
@@ -517,6 +512,27 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 		out = append(out, p)
 	}
 	return out
+}
+
+// comparePeers orders peers by name and key and, for the duplicates that
+// should never occur, by every other field, so that the choice among
+// duplicates does not depend on the input order.
+func comparePeers(a, b *Peer) int {
+	psk := func(k *wgtypes.Key) []byte {
+		if k == nil {
+			return nil
+		}
+		return k[:]
+	}
+	return cmp.Or(
+		strings.Compare(a.Name, b.Name),
+		bytes.Compare(a.PublicKey[:], b.PublicKey[:]),
+		strings.Compare(a.Endpoint.Host, b.Endpoint.Host),
+		a.Endpoint.Addr.Compare(b.Endpoint.Addr),
+		cmp.Compare(a.PersistentKeepalive, b.PersistentKeepalive),
+		bytes.Compare(psk(a.PresharedKey), psk(b.PresharedKey)),
+		slices.CompareFunc(a.AllowedIPs, b.AllowedIPs, comparePrefix),
+	)
 }
 
 // endpointSet is the set of WireGuard endpoint addresses in use, sorted:
