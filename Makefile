@@ -57,6 +57,11 @@ test: deps fmt-check vet lint root charts e2e
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
 
+## fuzz: every Go fuzz target for FUZZTIME each (default 5s; FUZZTIME=5m make fuzz for longer).
+.PHONY: fuzz
+fuzz:
+	FUZZTIME=$(or $(FUZZTIME),5s) ./hack/fuzz.sh
+
 deps:
 	./hack/ensure-deps.sh
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"unicode"
 )
 
 // ruleKey is a rule's arguments joined by "\x00": a comparable form of a
@@ -137,9 +138,10 @@ func splitLine(line string) ([]string, error) {
 	return toks, nil
 }
 
-// quote renders one token for iptables-restore input.
+// quote renders one token for iptables-restore input. Any white space is
+// quoted: a bare token ending in, say, "\r" would be trimmed off its line.
 func quote(tok string) string {
-	if tok != "" && !strings.ContainsAny(tok, " \t\"'\\") {
+	if tok != "" && !strings.ContainsAny(tok, "\"'\\") && !strings.ContainsFunc(tok, unicode.IsSpace) {
 		return tok
 	}
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)

@@ -275,6 +275,10 @@ func ParseEndpoint(s string, defaultPort int) (mesh.Endpoint, error) {
 		return mesh.Endpoint{Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))}, nil
 	}
 	name := strings.TrimSuffix(strings.ToLower(host), ".")
+	if a, err := netip.ParseAddr(name); err == nil && a.Zone() == "" {
+		// "1.2.3.4." is the address, not a DNS name.
+		return mesh.Endpoint{Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))}, nil
+	}
 	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
 		return mesh.Endpoint{}, fmt.Errorf("host %q is neither an IP address nor a DNS name: %s", host, strings.Join(msgs, "; "))
 	}

@@ -145,6 +145,10 @@ func (t *Topology) locationRoutes(rb *routeBuilder, ls *Segment) {
 		var dsts []netip.Prefix
 		for _, c := range m.n.PodCIDRs {
 			if c, ok := normPrefix(c); ok {
+				if a, bad := t.eps.within(c); bad {
+					rb.warn(fmt.Sprintf("not routing pod CIDR %v of node %s: it contains WireGuard endpoint %v", c, m.n.Name, a))
+					continue
+				}
 				dsts = append(dsts, c)
 			}
 		}

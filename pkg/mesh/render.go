@@ -2,8 +2,10 @@ package mesh
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -77,6 +79,8 @@ func (e Endpoint) String() string {
 	switch {
 	case e.Host != "" && e.Addr.IsValid():
 		return fmt.Sprintf("%s:%d (%s)", e.Host, e.Addr.Port(), e.Addr)
+	case e.Host != "" && e.Addr.Port() != 0:
+		return net.JoinHostPort(e.Host, strconv.Itoa(int(e.Addr.Port())))
 	case e.Host != "":
 		return e.Host
 	case e.Addr.IsValid():

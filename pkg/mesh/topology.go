@@ -66,6 +66,7 @@ type Topology struct {
 	nodes   []Node   // the input, for facts about non-members (read only)
 	scratch []uint64 // sort buffer
 	segV4   []uint64 // segments' IPv4 prefixes as sorted v4key<<24|segment
+	eps     endpointSet
 }
 
 // member is one WireGuard member node.
@@ -107,9 +108,9 @@ func NewTopology(nodes []Node, peers []Peer, local Local, opts Options) (*Topolo
 	allocateMeshIPs(t.members, o.mesh, t.warn)
 	t.publishMeshIPs()
 	t.electLeaders(nodes)
-	endpoints := t.endpoints(ps)
-	t.allowedIPs(endpoints)
-	t.Peers = t.filterPeers(ps)
+	t.eps = t.endpoints(ps)
+	t.allowedIPs(t.eps)
+	t.Peers = t.filterPeers(ps, &t.eps)
 	return t, nil
 }
 
@@ -517,12 +518,7 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortFunc(idx, func(a, b int) int {
-		if c := strings.Compare(peers[a].Name, peers[b].Name); c != 0 {
-			return c
-		}
-		return bytes.Compare(peers[a].PublicKey[:], peers[b].PublicKey[:])
-	})
+	slices.SortFunc(idx, func(a, b int) int { return comparePeers(&peers[a], &peers[b]) })
 	n := 0
 	for i := range peers {
 		n += len(peers[i].AllowedIPs)
@@ -552,6 +548,27 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 		out = append(out, p)
 	}
 	return out
+}
+
+// comparePeers orders peers by name and key and, for the duplicates that
+// should never occur, by every other field, so that the choice among
+// duplicates does not depend on the input order.
+func comparePeers(a, b *Peer) int {
+	psk := func(k *wgtypes.Key) []byte {
+		if k == nil {
+			return nil
+		}
+		return k[:]
+	}
+	return cmp.Or(
+		strings.Compare(a.Name, b.Name),
+		bytes.Compare(a.PublicKey[:], b.PublicKey[:]),
+		strings.Compare(a.Endpoint.Host, b.Endpoint.Host),
+		a.Endpoint.Addr.Compare(b.Endpoint.Addr),
+		cmp.Compare(a.PersistentKeepalive, b.PersistentKeepalive),
+		bytes.Compare(psk(a.PresharedKey), psk(b.PresharedKey)),
+		slices.CompareFunc(a.AllowedIPs, b.AllowedIPs, comparePrefix),
+	)
 }
 
 // endpointSet is the set of WireGuard endpoint addresses in use, sorted:
@@ -588,10 +605,21 @@ func (t *Topology) endpoints(ps []Peer) endpointSet {
 	return e
 }
 
-// has6 reports whether the non-IPv4 address a is an endpoint.
-func (e *endpointSet) has6(a netip.Addr) bool {
-	_, ok := slices.BinarySearchFunc(e.v6, a, netip.Addr.Compare)
-	return ok
+// within returns an endpoint address inside the normalized prefix p, if any.
+func (e *endpointSet) within(p netip.Prefix) (netip.Addr, bool) {
+	if p.Addr().Is4() {
+		lo := v4u32(p.Addr())
+		i, _ := slices.BinarySearch(e.v4, uint64(lo)<<8)
+		if i < len(e.v4) && uint32(e.v4[i]>>8) <= lo|hostMask4(p.Bits()) {
+			return fromV4key(e.v4[i]).Addr(), true
+		}
+		return netip.Addr{}, false
+	}
+	i, _ := slices.BinarySearchFunc(e.v6, p.Addr(), netip.Addr.Compare)
+	if i < len(e.v6) && p.Contains(e.v6[i]) {
+		return e.v6[i], true
+	}
+	return netip.Addr{}, false
 }
 
 // ownerEndpoint marks an endpoint address in the conflict index.
@@ -650,8 +678,9 @@ func (t *Topology) allowedIPs(endpoints endpointSet) {
 }
 
 // sortSegments sorts and merges every segment's prefixes (core[ranges[s]]) in
-// place, excludes the host prefixes of WireGuard endpoints (routing them
-// through the tunnel would loop) and drops a prefix an earlier segment
+// place, excludes WireGuard endpoints (routing them through the tunnel would
+// loop: an endpoint's host prefix silently, a wider prefix with a warning)
+// and drops a prefix an earlier segment
 // already has (a
 // misconfiguration such as two nodes with the same pod CIDR: the same allowed
 // IP on two WireGuard peers would never converge). It sets the segments'
@@ -668,6 +697,10 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 	slices.SortFunc(ss.drops, func(a, b segDrop) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
 	for _, d := range ss.drops {
 		loc := t.Segments[d.seg].Location
+		if d.owner < 0 {
+			t.warn(fmt.Sprintf("%v of location %s contains WireGuard endpoint %v; dropped from %s", d.p, loc, d.ep, loc))
+			continue
+		}
 		t.warn(fmt.Sprintf("%v of location %s is also in location %s; dropped from %s", d.p, loc, t.Segments[d.owner].Location, loc))
 	}
 }
@@ -682,10 +715,12 @@ type segSorter struct {
 	drops     []segDrop
 }
 
-// segDrop is prefix p of segment seg, dropped as already in segment owner.
+// segDrop is prefix p of segment seg, dropped as already in segment owner,
+// or (owner -1) because it contains WireGuard endpoint ep.
 type segDrop struct {
 	seg, owner int
 	p          netip.Prefix
+	ep         netip.Addr
 }
 
 // segEntry is a prefix (IPv6, or of a segment past the key's 24 bits) of
@@ -726,20 +761,19 @@ func (ss *segSorter) mergeV4(keys []uint64) []uint64 {
 	}
 	kept := keys[:0]
 	owner := -1
-	ep, e := ss.endpoints.v4, 0
 	for i, k := range keys {
 		p, s := k>>24, int(k&low24)
-		if p&0xff == 32 {
-			for e < len(ep) && ep[e] < p {
-				e++
+		// An endpoint's own host prefix is left out silently; a wider
+		// prefix containing an endpoint is dropped and reported.
+		if a, ok := ss.endpoints.within(fromV4key(p)); ok {
+			if p&0xff != 32 {
+				ss.drops = append(ss.drops, segDrop{seg: s, owner: -1, p: fromV4key(p), ep: a})
 			}
-			if e < len(ep) && ep[e] == p {
-				continue
-			}
+			continue
 		}
 		if i > 0 && keys[i-1]>>24 == p {
 			if s != owner {
-				ss.drops = append(ss.drops, segDrop{s, owner, fromV4key(p)})
+				ss.drops = append(ss.drops, segDrop{seg: s, owner: owner, p: fromV4key(p)})
 			}
 			continue
 		}
@@ -763,11 +797,17 @@ func (ss *segSorter) mergeV6(v6s []segEntry) {
 	slices.SortFunc(v6s, func(a, b segEntry) int { return cmp.Or(cmp.Compare(a.seg, b.seg), comparePrefix(a.p, b.p)) })
 	owners := make(map[netip.Prefix]int)
 	for i, e := range v6s {
-		if i > 0 && v6s[i-1] == e || e.p.IsSingleIP() && ss.endpoints.has6(e.p.Addr()) {
+		if i > 0 && v6s[i-1] == e {
+			continue
+		}
+		if a, ok := ss.endpoints.within(e.p); ok {
+			if !e.p.IsSingleIP() {
+				ss.drops = append(ss.drops, segDrop{seg: e.seg, owner: -1, p: e.p, ep: a})
+			}
 			continue
 		}
 		if o, dup := owners[e.p]; dup {
-			ss.drops = append(ss.drops, segDrop{e.seg, o, e.p})
+			ss.drops = append(ss.drops, segDrop{seg: e.seg, owner: o, p: e.p})
 			continue
 		}
 		owners[e.p] = e.seg
@@ -872,9 +912,10 @@ func (t *Topology) aliConflict(x *spanIndex, earlier []ownedPrefix, p netip.Pref
 	return ""
 }
 
-// filterPeers drops peer allowed IPs that overlap a segment's allowed IPs or
+// filterPeers drops peer allowed IPs that contain a WireGuard endpoint (routing
+// them through the tunnel would loop) or overlap a segment's allowed IPs or
 // those of an earlier peer (name order).
-func (t *Topology) filterPeers(ps []Peer) []Peer {
+func (t *Topology) filterPeers(ps []Peer, endpoints *endpointSet) []Peer {
 	var x spanIndex
 	var has [2]bool
 	for i := range ps {
@@ -900,6 +941,11 @@ func (t *Topology) filterPeers(ps []Peer) []Peer {
 	for _, i := range byOwner {
 		e := &x.s[i]
 		me, p := e.owner, e.prefix()
+		if a, ok := endpoints.within(p); ok {
+			dropped[i] = true
+			t.warn(fmt.Sprintf("allowed IP %v of peer %s contains WireGuard endpoint %v; dropped from peer %s", p, ps[me].Name, a, ps[me].Name))
+			continue
+		}
 		seg, other := -1, netip.Prefix{}
 		if e.fam == v4 {
 			if k, ok := overlapV4(t.segV4, maxHi, uint32(e.lo.lo), uint32(e.hi.lo)); ok {
