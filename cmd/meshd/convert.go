@@ -4,7 +4,6 @@ import (
 	"net"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"meshd.io/meshd/pkg/iptables"
@@ -14,8 +13,6 @@ import (
 )
 
 type runtimeObject = runtime.Object
-
-var metav1GetOptions = metav1.GetOptions{}
 
 // wireGuardConfig turns the plan into the device's desired configuration.
 func wireGuardConfig(p *mesh.Plan, key wgtypes.Key, mtu int) wg.Config {

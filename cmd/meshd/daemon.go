@@ -16,12 +16,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
@@ -30,6 +33,9 @@ import (
 // queueKey is the only work item: every event asks for one full reconcile,
 // so a burst of events coalesces into one (see coalescer).
 const queueKey = "mesh"
+
+// apiRequestTimeout bounds every API request the reconcile makes.
+const apiRequestTimeout = 10 * time.Second
 
 // daemon wires the informers, the reconciler and the HTTP endpoints.
 type daemon struct {
@@ -40,6 +46,8 @@ type daemon struct {
 	kube *k8s.Clients
 
 	nodes, peers, leases cache.SharedIndexInformer
+	secrets              cache.SharedIndexInformer // Peer preshared keys
+	dns                  *k8s.Resolver
 	queue                workqueue.TypedRateLimitingInterface[string]
 	coalesce             *coalescer
 	routes               *route.Manager
@@ -86,7 +94,17 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
-	events, stopEvents := k8s.NewEventRecorder(clients.Kube, "meshd")
+	// Writes from the reconcile (node annotations, Events) get a request
+	// timeout, so a hung API server cannot stall the single worker; the
+	// informers' long-running watches keep the untimed client.
+	writeCfg := rest.CopyConfig(clients.Config)
+	writeCfg.Timeout = apiRequestTimeout
+	writer, err := kubernetes.NewForConfig(writeCfg)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("building the API client: %w", err)
+	}
+	events, stopEvents := k8s.NewEventRecorder(writer, "meshd")
 	_ = stopEvents // stopped with the process
 	r := &reconciler{
 		log:      log,
@@ -97,7 +115,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		key:      key,
 		mtu:      mtu,
 		facts:    facts,
-		kube:     clients.Kube,
+		kube:     writer,
 		events:   events,
 		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
 		device:   dev,
@@ -123,6 +141,13 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
+	// Preshared-key Secrets come from a cache of the one namespace meshd may
+	// read Secrets in; never from a live read in the reconcile.
+	secretNS := c.LeaseNamespace
+	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
+	r.secrets = k8s.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
+	d.dns = k8s.NewResolver(k8s.ResolverOptions{OnChange: d.enqueue, Logger: log})
+	r.dns = d.dns.Lookup
 	if c.ClusterLinks {
 		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
 		r.links = d.links
@@ -191,12 +216,44 @@ func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 	}
 }
 
+// secretHandler enqueues a reconcile when a Secret that a Peer references
+// changes, so a rotated preshared key applies within the coalescing delay.
+func (d *daemon) secretHandler() cache.ResourceEventHandler {
+	changed := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		s, ok := obj.(*corev1.Secret)
+		if !ok {
+			return
+		}
+		for _, o := range d.peers.GetStore().List() {
+			if p, ok := o.(*v1alpha1.Peer); ok {
+				if ref := p.Spec.PresharedKeySecretRef; ref != nil && ref.Namespace == s.Namespace && ref.Name == s.Name {
+					d.enqueue()
+					return
+				}
+			}
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    changed,
+		UpdateFunc: func(_, cur any) { changed(cur) },
+		DeleteFunc: changed,
+	}
+}
+
+// synced reports whether every local cache has synced.
+func (d *daemon) synced() bool {
+	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced() && d.secrets.HasSynced()
+}
+
 // Run runs until ctx ends. Kernel state is left in place on return.
 func (d *daemon) Run(ctx context.Context) error {
 	for _, inf := range []struct {
 		i cache.SharedIndexInformer
 		h cache.ResourceEventHandler
-	}{{d.nodes, d.handler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}} {
+	}{{d.nodes, d.handler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}, {d.secrets, d.secretHandler()}} {
 		if _, err := inf.i.AddEventHandler(inf.h); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}
@@ -208,9 +265,14 @@ func (d *daemon) Run(ctx context.Context) error {
 			go d.nodes.RunWithContext(ictx)
 			go d.peers.RunWithContext(ictx)
 			go d.leases.RunWithContext(ictx)
+			go d.secrets.RunWithContext(ictx)
 			<-ictx.Done()
 			return nil
 		}, func(error) { cancel() })
+	}
+	{ // Peer endpoint names, resolved in the background
+		rctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.dns.Run(rctx) }, func(error) { cancel() })
 	}
 	{ // the reconcile worker
 		wctx, cancel := context.WithCancel(ctx)
@@ -266,7 +328,7 @@ func (d *daemon) work(ctx context.Context) error {
 	// Poll the caches every 10 ms (WaitForCacheSync's 100 ms would add up to
 	// that much to every cold start).
 	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-		return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced(), nil
+		return d.synced(), nil
 	}); err != nil {
 		return ctx.Err()
 	}

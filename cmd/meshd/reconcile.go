@@ -77,7 +77,12 @@ type reconciler struct {
 	// reported remembers the last annotation problems reported per object, so
 	// a bad annotation yields one Event, not one per resync.
 	reported map[string]string
-	resolver func(ctx context.Context, host string) ([]netip.Addr, error)
+	// secrets reads Peer preshared keys from the Secret informer's cache
+	// (k8s.PresharedKeys: a vanished Secret keeps the last known key); dns
+	// answers Peer endpoint names from the background resolver's cache.
+	// Nil: Peers with a preshared key are unusable, names resolve live.
+	secrets k8s.SecretLookup
+	dns     func(host string) (netip.Addr, error)
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -177,9 +182,9 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 // Event), and replaces the local node by what this node knows about itself.
 func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
 	in := k8s.NewMeshInput(ctx, s.nodes, s.peers, k8s.MeshInputOptions{
-		Parse:   k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
-		Secret:  r.secret(ctx),
-		Resolve: r.resolver,
+		Parse:  k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
+		Secret: r.secrets,
+		Cached: r.dns,
 	})
 	var self *corev1.Node
 	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
@@ -235,20 +240,6 @@ func preferV4(as []netip.Addr) netip.Addr {
 		}
 	}
 	return as[0]
-}
-
-func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]byte, error) {
-	return func(ns, name, key string) ([]byte, error) {
-		s, err := r.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1GetOptions)
-		if err != nil {
-			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
-		}
-		v, ok := s.Data[key]
-		if !ok {
-			return nil, fmt.Errorf("Secret %s/%s has no key %q", ns, name, key)
-		}
-		return v, nil
-	}
 }
 
 // remotePeers turns the location leaders of every linked cluster into
