@@ -118,6 +118,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		kube:     writer,
 		events:   events,
 		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
+		stateDir: c.StateDir,
 		device:   dev,
 		routes:   routes,
 		ipt4:     ipt4,
@@ -325,6 +326,13 @@ func (d *daemon) Run(ctx context.Context) error {
 // work is the single worker: it waits for the caches, then reconciles
 // whenever asked, backing off on errors.
 func (d *daemon) work(ctx context.Context) error {
+	start := time.Now()
+	// Program the node from the persisted state at once unless the caches
+	// are already there (an API outage must not leave a restarted node
+	// empty).
+	if !d.synced() {
+		d.rec.restore()
+	}
 	// Poll the caches every 10 ms (WaitForCacheSync's 100 ms would add up to
 	// that much to every cold start).
 	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -332,7 +340,7 @@ func (d *daemon) work(ctx context.Context) error {
 	}); err != nil {
 		return ctx.Err()
 	}
-	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind())
+	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind(), "since_start", time.Since(start))
 	d.queue.Add(queueKey)
 	for {
 		key, shutdown := d.queue.Get()
@@ -384,13 +392,31 @@ func (d *daemon) mux() *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !d.rec.ready.Load() {
-			http.Error(w, "not reconciled yet", http.StatusServiceUnavailable)
+		ok, msg := d.readiness()
+		if !ok {
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ok")
+		fmt.Fprintln(w, msg)
 	})
 	return mux
+}
+
+// readiness says whether the node is programmed from fresh data: every local
+// cache synced and the last reconcile applied and published without error.
+// A node running on its persisted state (restarted during an API outage), or
+// whose last reconcile failed, is not ready; the message says why.
+func (d *daemon) readiness() (bool, string) {
+	if !d.synced() {
+		if t := d.rec.restoredAt.Load(); t != nil {
+			return false, fmt.Sprintf("programmed from the state persisted at %s; waiting for the API caches to sync", t.Format(time.RFC3339))
+		}
+		return false, "waiting for the API caches to sync"
+	}
+	if !d.rec.ready.Load() {
+		return false, "the last reconcile failed or has not run yet (see the log and meshd_reconcile_errors_total)"
+	}
+	return true, "ok: programmed from synced caches"
 }
 
 // Close releases the device; with cleanup it removes everything meshd owns.

@@ -83,6 +83,14 @@ type reconciler struct {
 	// Nil: Peers with a preshared key are unusable, names resolve live.
 	secrets k8s.SecretLookup
 	dns     func(host string) (netip.Addr, error)
+
+	// stateDir holds the last applied state (state.go); "" persists nothing.
+	stateDir   string
+	savedState []byte
+	restoredAt atomic.Pointer[time.Time] // when the restored state was saved
+	// linkPeers are the last known peers of every linked cluster, by link
+	// Secret name (persisted with the plan).
+	linkPeers map[string][]mesh.Peer
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -164,14 +172,19 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
 		}
 	}
+	// The node is programmed: persist it for a restart during an API outage.
+	if len(errs) == 0 {
+		r.saveState(plan)
+	}
 	// Report: publish what other nodes need.
 	if err := r.publish(ctx, self, plan); err != nil {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
 	r.metrics.setPlan(plan, len(nodes), len(peers))
+	// Ready: programmed from fresh data, everything applied and reported.
+	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
-		r.ready.Store(true)
 		r.log.Debug("reconciled", "duration", time.Since(start), "peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "leader", plan.Leader)
 	}
 	return errors.Join(errs...)
