@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -138,4 +140,76 @@ func TestRestoreAppliesPersistedState(t *testing.T) {
 	if g.rec.restore() {
 		t.Error("restored a torn file")
 	}
+}
+
+// fakeLinks is a linkSource with fixed answers.
+type fakeLinks struct {
+	listed  bool
+	remotes []k8s.RemoteCluster
+}
+
+func (f *fakeLinks) Snapshot() []k8s.RemoteCluster { return f.remotes }
+func (f *fakeLinks) Listed() bool                  { return f.listed }
+
+// TestLinkedClusterKeepsPeersWhenUnsynced: a linked cluster's peers stay
+// while its Nodes are not listed (restart or kubeconfig change during its
+// outage) or its link Secret is unusable, across a restart (persisted), and
+// go only when the link Secret is deleted.
+func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
+	dir := t.TempDir()
+	nodes := []*corev1.Node{testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{})}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "meshd-system", Name: "link-west"}}
+	settings := k8s.LinkSettings{Name: "west", Granularity: mesh.GranularityLocation, Port: 51820,
+		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")}, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.97.0.0/16")}}
+	remote := testNode("w1", "x", "203.0.113.31", "10.52.1.0/24", newKey(t))
+	links := &fakeLinks{listed: true, remotes: []k8s.RemoteCluster{{Settings: settings, Secret: secret, Nodes: []*corev1.Node{remote}, Synced: true}}}
+	f := newFakes(t, "a1", nodes...)
+	f.rec.stateDir, f.rec.links = dir, links
+	westPeer := func(f *fakes) bool {
+		t.Helper()
+		dev, err := f.wgc.Device("meshd0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range dev.Peers {
+			for _, a := range p.AllowedIPs {
+				if a.String() == "10.52.1.0/24" {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	step := func(f *fakes, what string, want bool) {
+		t.Helper()
+		if err := f.rec.reconcile(context.Background()); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := westPeer(f); got != want {
+			t.Fatalf("%s: linked cluster's peer present %v, want %v", what, got, want)
+		}
+	}
+	step(f, "synced", true)
+	links.remotes[0].Synced, links.remotes[0].Nodes = false, nil
+	step(f, "kubeconfig changed while the cluster is down", true)
+	links.remotes[0].Err = errors.New("link Secret broken")
+	step(f, "link Secret unusable", true)
+	links.remotes[0].Err = nil
+
+	// Restart while the linked cluster is down: first the link Secrets are
+	// not even listed, then listed but the cluster's Nodes never arrive.
+	g := newFakes(t, "a1", nodes...)
+	g.rec.key, g.rec.stateDir = f.rec.key, dir
+	g.rec.links = &fakeLinks{}
+	if !g.rec.restore() {
+		t.Fatal("no state restored")
+	}
+	if !westPeer(g) {
+		t.Fatal("restored state lacks the linked cluster's peer")
+	}
+	step(g, "restart, link Secrets not listed", true)
+	g.rec.links = links
+	step(g, "restart, linked cluster unreachable", true)
+	links.remotes = nil
+	step(g, "link Secret deleted", false)
 }

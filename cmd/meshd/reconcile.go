@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -40,8 +41,12 @@ type (
 		Cleanup() error
 	}
 	lister interface{ List() []any }
-	// linkSource lists the linked clusters (nil: no cluster links).
-	linkSource interface{ Snapshot() []k8s.RemoteCluster }
+	// linkSource lists the linked clusters (nil: no cluster links); Listed
+	// is false until the link Secrets were listed once.
+	linkSource interface {
+		Snapshot() []k8s.RemoteCluster
+		Listed() bool
+	}
 )
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
@@ -258,24 +263,62 @@ func preferV4(as []netip.Addr) netip.Addr {
 // remotePeers turns the location leaders of every linked cluster into
 // peers. Remote ranges overlapping this cluster's pod, mesh or service
 // ranges are dropped and reported on the link Secret, never routed.
+//
+// A linked cluster's peers are never removed because its API server cannot
+// be read: until its Nodes are listed (meshd just started, or the link's
+// kubeconfig changed, while that cluster is unreachable), or while its link
+// Secret is unusable, the cluster keeps its last known peers (persisted with
+// the plan). Only deleting the link Secret removes them.
 func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.links == nil {
 		return nil
 	}
+	if r.linkPeers == nil {
+		r.linkPeers = map[string][]mesh.Peer{}
+	}
+	if !r.links.Listed() {
+		r.metrics.staleLinks.Set(float64(len(r.linkPeers)))
+		var peers []mesh.Peer
+		for _, name := range slices.Sorted(maps.Keys(r.linkPeers)) {
+			peers = append(peers, r.linkPeers[name]...)
+		}
+		return peers
+	}
 	remotes := r.links.Snapshot()
 	local := k8s.LocalRanges(r.opts, nodes)
 	var peers []mesh.Peer
+	stale := 0
+	defer func() { r.metrics.staleLinks.Set(float64(stale)) }()
 	seen := make(map[string]bool, len(remotes))
 	for _, rc := range remotes {
-		id := "link/" + rc.Secret.Name
+		name := rc.Secret.Name
+		id := "link/" + name
 		seen[id] = true
-		if rc.Err != nil {
+		switch {
+		case rc.Err != nil:
 			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
+			if last, ok := r.linkPeers[name]; ok {
+				stale++
+				peers = append(peers, last...)
+			}
+			continue
+		case !rc.Synced:
+			if last, ok := r.linkPeers[name]; ok {
+				stale++
+				r.log.Debug("linked cluster not synced; keeping its last known peers", "cluster", rc.Settings.Name, "peers", len(last))
+				peers = append(peers, last...)
+			}
 			continue
 		}
 		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
 		r.report(rc.Secret, id, "RangeOverlap", problems)
+		r.linkPeers[name] = ps
 		peers = append(peers, ps...)
+	}
+	for name := range r.linkPeers {
+		if !seen["link/"+name] {
+			delete(r.linkPeers, name) // unlinked
+		}
 	}
 	r.forgetReports("link/", seen)
 	return peers
