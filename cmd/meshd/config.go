@@ -86,6 +86,7 @@ func (c *config) options() (mesh.Options, error) {
 		LocalRoutes:  c.LocalRoutes,
 		RouteTable:   mesh.DefaultRouteTable,
 		RulePriority: mesh.DefaultRulePriority,
+		FailClosed:   true, // traffic for the mesh is dropped, never sent in clear, when its route is missing
 	}
 	g, err := mesh.ParseGranularity(c.Granularity)
 	if err != nil {

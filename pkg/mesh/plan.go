@@ -128,6 +128,9 @@ func (t *Topology) plan() *Plan {
 		}
 	}
 	p.Routes = rb.finish()
+	if o.FailClosed {
+		p.Routes = append(p.Routes, t.failClosedRoutes(p.Routes)...)
+	}
 	p.Warnings = append(p.Warnings, rb.warnings...)
 
 	var used [2]bool
