@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -212,4 +213,53 @@ func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 	step(g, "restart, linked cluster unreachable", true)
 	links.remotes = nil
 	step(g, "link Secret deleted", false)
+}
+
+// panicLister panics like a planner bug on shared input would.
+type panicLister struct{}
+
+func (panicLister) List() []any { panic("boom") }
+
+// TestReconcilePanicRecovered: a panic while reconciling is returned as an
+// error, counted, reported as an Event, and leaves the node as it was; the
+// next reconcile works.
+func TestReconcilePanicRecovered(t *testing.T) {
+	ctx := context.Background()
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)))
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	routesBefore := f.kern.Routes()
+	good := f.rec.nodeLister
+	f.rec.nodeLister = panicLister{}
+	err := f.rec.reconcile(ctx)
+	if !errors.Is(err, errPanicked) || !contains(err.Error(), "boom") {
+		t.Fatalf("err %v, want the recovered panic", err)
+	}
+	if got := testutil.ToFloat64(f.rec.metrics.panics); got != 1 {
+		t.Errorf("meshd_reconcile_panics_total = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(f.rec.metrics.reconciles.WithLabelValues("success")); got != 1 {
+		t.Errorf("the panicked reconcile counted as a success (%v successes)", got)
+	}
+	select {
+	case e := <-f.rec.events.(*record.FakeRecorder).Events:
+		if !contains(e, "ReconcilePanic") || !contains(e, "boom") {
+			t.Errorf("event %q", e)
+		}
+	default:
+		t.Error("no Event for the panic")
+	}
+	if f.rec.ready.Load() {
+		t.Error("ready after a panic")
+	}
+	if got := f.kern.Routes(); len(got) != len(routesBefore) {
+		t.Errorf("routes changed by the panicked reconcile: %v → %v", routesBefore, got)
+	}
+	f.rec.nodeLister = good
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatalf("reconcile after the panic: %v", err)
+	}
 }

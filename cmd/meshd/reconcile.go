@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
@@ -128,12 +130,41 @@ func (r *reconciler) snapshot() snapshot {
 	return s
 }
 
-// reconcile makes the node equal to the plan for the current caches.
-func (r *reconciler) reconcile(ctx context.Context) error {
+// reconcile makes the node equal to the plan for the current caches. A
+// panic (a planner bug on input every node shares would otherwise crash-loop
+// every node at once) is recovered and returned as an error: the node keeps
+// what it last applied, and the caller retries with back-off.
+func (r *reconciler) reconcile(ctx context.Context) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(p)
+		}
+	}()
 	return r.apply(ctx, r.snapshot())
 }
 
+// errPanicked is what a reconcile that panicked counts as in the metrics.
+var errPanicked = errors.New("reconcile panicked")
+
+// recovered reports a recovered panic: log with the stack, metric, Event.
+func (r *reconciler) recovered(p any) error {
+	r.ready.Store(false)
+	if r.metrics != nil {
+		r.metrics.panics.Inc()
+	}
+	r.log.Error("reconcile panicked; keeping the last applied state and retrying with back-off", "panic", p, "stack", string(debug.Stack()))
+	if r.events != nil {
+		ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: r.node, UID: types.UID(r.node)}
+		r.events.Eventf(ref, corev1.EventTypeWarning, "ReconcilePanic",
+			"meshd recovered from a panic while reconciling; the node keeps its last applied state: %v", p)
+	}
+	return fmt.Errorf("%w: %v", errPanicked, p)
+}
+
 func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
+	// Every return sets err; only a panic leaves this value for the
+	// deferred metrics.
+	err = errPanicked
 	start := time.Now()
 	r.mu.Lock()
 	r.lastAttempt = start

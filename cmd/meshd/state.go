@@ -128,7 +128,13 @@ func (r *reconciler) saveState(plan *mesh.Plan) {
 // the node keeps (or, with an in-process device, regains within
 // milliseconds) its last programming while the API server is unreachable.
 // It reports whether a plan was applied.
-func (r *reconciler) restore() bool {
+func (r *reconciler) restore() (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			_ = r.recovered(p)
+			ok = false
+		}
+	}()
 	start := time.Now()
 	s, err := loadState(r.stateDir, r.node)
 	if err != nil {
