@@ -12,6 +12,9 @@ import (
 	"meshd.io/meshd/pkg/mesh"
 )
 
+// processStart is when this process started (for the restart figures).
+var processStart = time.Now()
+
 // stateFileName is the file in --state-dir holding the last applied state.
 const stateFileName = "last-applied.json"
 
@@ -164,7 +167,7 @@ func (r *reconciler) restore() (ok bool) {
 		}
 	}
 	r.restoredAt.Store(&s.Saved)
-	r.log.Info("applied the last persisted state while the caches sync", "saved", s.Saved, "duration", time.Since(start),
+	r.log.Info("applied the last persisted state while the caches sync", "saved", s.Saved, "duration", time.Since(start), "since_process_start", time.Since(processStart),
 		"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "error", errors.Join(errs...))
 	return true
 }
