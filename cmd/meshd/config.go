@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
@@ -86,6 +88,7 @@ func (c *config) options() (mesh.Options, error) {
 		LocalRoutes:  c.LocalRoutes,
 		RouteTable:   mesh.DefaultRouteTable,
 		RulePriority: mesh.DefaultRulePriority,
+		FailClosed:   true, // traffic for the mesh is dropped, never sent in clear, when its route is missing
 	}
 	g, err := mesh.ParseGranularity(c.Granularity)
 	if err != nil {
@@ -135,7 +138,59 @@ func (c *config) options() (mesh.Options, error) {
 	default:
 		errs = append(errs, fmt.Errorf("--iptables-backend %q: want empty, nft or legacy", c.IPTablesMode))
 	}
+	errs = append(errs, c.validate(o)...)
 	return o, errors.Join(errs...)
+}
+
+// Bounds of the duration flags.
+const (
+	minLeaseDuration = 2 * time.Second // the liveness expiry is checked every second
+	maxLeaseDuration = time.Hour
+	minResyncPeriod  = time.Second
+	maxResyncPeriod  = 24 * time.Hour
+)
+
+// validate checks the flags options() does not: each problem is one error
+// naming the flag, the value and what is wanted.
+func (c *config) validate(o mesh.Options) []error {
+	var errs []error
+	switch {
+	case c.LeaseDuration < minLeaseDuration || c.LeaseDuration > maxLeaseDuration:
+		errs = append(errs, fmt.Errorf("--lease-duration %s: want %s to %s (a node whose Lease has not changed for this long is not live; its heartbeat renews every quarter of it)", c.LeaseDuration, minLeaseDuration, maxLeaseDuration))
+	}
+	if c.ResyncPeriod > 0 && (c.ResyncPeriod < minResyncPeriod || c.ResyncPeriod > maxResyncPeriod) {
+		errs = append(errs, fmt.Errorf("--resync-period %s: want %s to %s", c.ResyncPeriod, minResyncPeriod, maxResyncPeriod))
+	}
+	if e := validation.IsDNS1123Label(c.LeaseNamespace); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("--lease-namespace %q: not a namespace name: %s", c.LeaseNamespace, strings.Join(e, "; ")))
+	}
+	if c.Interface != "" && (strings.ContainsAny(c.Interface, "/: \t\n") || c.Interface == "." || c.Interface == "..") {
+		errs = append(errs, fmt.Errorf("--interface %q: an interface name has no '/', ':' or white space and is not . or ..", c.Interface))
+	}
+	if e := validation.IsQualifiedName(c.TopologyLabel); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("--topology-label %q: not a label key: %s", c.TopologyLabel, strings.Join(e, "; ")))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("--state-dir is empty: the private key and the last applied state live there"))
+	}
+	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("--listen %q: want [host]:port: %w", c.Listen, err))
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		errs = append(errs, fmt.Errorf("--listen %q: bad port %q", c.Listen, port))
+	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			errs = append(errs, fmt.Errorf("--kubeconfig: %w", err))
+		}
+	}
+	for _, s := range o.ServiceCIDRs {
+		for _, m := range o.MeshCIDRs {
+			if s.Overlaps(m) {
+				errs = append(errs, fmt.Errorf("--service-cidr %s overlaps --mesh-cidr %s", s, m))
+			}
+		}
+	}
+	return errs
 }
 
 // mtu returns the configured MTU, 0 meaning auto.

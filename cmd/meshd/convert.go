@@ -4,7 +4,6 @@ import (
 	"net"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"meshd.io/meshd/pkg/iptables"
@@ -14,8 +13,6 @@ import (
 )
 
 type runtimeObject = runtime.Object
-
-var metav1GetOptions = metav1.GetOptions{}
 
 // wireGuardConfig turns the plan into the device's desired configuration.
 func wireGuardConfig(p *mesh.Plan, key wgtypes.Key, mtu int) wg.Config {
@@ -44,9 +41,19 @@ func wireGuardConfig(p *mesh.Plan, key wgtypes.Key, mtu int) wg.Config {
 func routes(p *mesh.Plan) []route.Route {
 	out := make([]route.Route, len(p.Routes))
 	for i, r := range p.Routes {
-		out[i] = route.Route{Table: r.Table, Dst: r.Dst, Gateway: r.Gateway, Device: r.Device, Src: r.Src, Metric: r.Metric}
+		out[i] = route.Route{Table: r.Table, Dst: r.Dst, Gateway: r.Gateway, Device: r.Device, Src: r.Src, Metric: r.Metric, Type: routeType(r.Type)}
 	}
 	return out
+}
+
+func routeType(t mesh.RouteType) route.Type {
+	switch t {
+	case mesh.RouteUnreachable:
+		return route.TypeUnreachable
+	case mesh.RouteUnicast:
+		return route.TypeUnicast
+	}
+	return route.Type(-1) // unknown: route.Set refuses it
 }
 
 func rules(p *mesh.Plan) []route.Rule {

@@ -16,12 +16,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
@@ -30,6 +33,9 @@ import (
 // queueKey is the only work item: every event asks for one full reconcile,
 // so a burst of events coalesces into one (see coalescer).
 const queueKey = "mesh"
+
+// apiRequestTimeout bounds every API request the reconcile makes.
+const apiRequestTimeout = 10 * time.Second
 
 // daemon wires the informers, the reconciler and the HTTP endpoints.
 type daemon struct {
@@ -40,6 +46,8 @@ type daemon struct {
 	kube *k8s.Clients
 
 	nodes, peers, leases cache.SharedIndexInformer
+	secrets              cache.SharedIndexInformer // Peer preshared keys
+	dns                  *k8s.Resolver
 	queue                workqueue.TypedRateLimitingInterface[string]
 	coalesce             *coalescer
 	routes               *route.Manager
@@ -87,7 +95,17 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
-	events, stopEvents := k8s.NewEventRecorder(clients.Kube, "meshd")
+	// Writes from the reconcile (node annotations, Events) get a request
+	// timeout, so a hung API server cannot stall the single worker; the
+	// informers' long-running watches keep the untimed client.
+	writeCfg := rest.CopyConfig(clients.Config)
+	writeCfg.Timeout = apiRequestTimeout
+	writer, err := kubernetes.NewForConfig(writeCfg)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("building the API client: %w", err)
+	}
+	events, stopEvents := k8s.NewEventRecorder(writer, "meshd")
 	r := &reconciler{
 		log:      log,
 		opts:     opts,
@@ -97,9 +115,10 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		key:      key,
 		mtu:      mtu,
 		facts:    facts,
-		kube:     clients.Kube,
+		kube:     writer,
 		events:   events,
 		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
+		stateDir: c.StateDir,
 		device:   dev,
 		routes:   routes,
 		ipt4:     ipt4,
@@ -123,6 +142,13 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
+	// Preshared-key Secrets come from a cache of the one namespace meshd may
+	// read Secrets in; never from a live read in the reconcile.
+	secretNS := c.LeaseNamespace
+	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
+	r.secrets = k8s.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
+	d.dns = k8s.NewResolver(k8s.ResolverOptions{OnChange: d.enqueue, Logger: log})
+	r.dns = d.dns.Lookup
 	if c.ClusterLinks {
 		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
 		r.links = d.links
@@ -191,12 +217,44 @@ func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 	}
 }
 
+// secretHandler enqueues a reconcile when a Secret that a Peer references
+// changes, so a rotated preshared key applies within the coalescing delay.
+func (d *daemon) secretHandler() cache.ResourceEventHandler {
+	changed := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		s, ok := obj.(*corev1.Secret)
+		if !ok {
+			return
+		}
+		for _, o := range d.peers.GetStore().List() {
+			if p, ok := o.(*v1alpha1.Peer); ok {
+				if ref := p.Spec.PresharedKeySecretRef; ref != nil && ref.Namespace == s.Namespace && ref.Name == s.Name {
+					d.enqueue()
+					return
+				}
+			}
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    changed,
+		UpdateFunc: func(_, cur any) { changed(cur) },
+		DeleteFunc: changed,
+	}
+}
+
+// synced reports whether every local cache has synced.
+func (d *daemon) synced() bool {
+	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced() && d.secrets.HasSynced()
+}
+
 // Run runs until ctx ends. Kernel state is left in place on return.
 func (d *daemon) Run(ctx context.Context) error {
 	for _, inf := range []struct {
 		i cache.SharedIndexInformer
 		h cache.ResourceEventHandler
-	}{{d.nodes, d.handler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}} {
+	}{{d.nodes, d.handler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}, {d.secrets, d.secretHandler()}} {
 		if _, err := inf.i.AddEventHandler(inf.h); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}
@@ -208,9 +266,14 @@ func (d *daemon) Run(ctx context.Context) error {
 			go d.nodes.RunWithContext(ictx)
 			go d.peers.RunWithContext(ictx)
 			go d.leases.RunWithContext(ictx)
+			go d.secrets.RunWithContext(ictx)
 			<-ictx.Done()
 			return nil
 		}, func(error) { cancel() })
+	}
+	{ // Peer endpoint names, resolved in the background
+		rctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.dns.Run(rctx) }, func(error) { cancel() })
 	}
 	{ // the reconcile worker
 		wctx, cancel := context.WithCancel(ctx)
@@ -263,14 +326,21 @@ func (d *daemon) Run(ctx context.Context) error {
 // work is the single worker: it waits for the caches, then reconciles
 // whenever asked, backing off on errors.
 func (d *daemon) work(ctx context.Context) error {
+	start := time.Now()
+	// Program the node from the persisted state at once unless the caches
+	// are already there (an API outage must not leave a restarted node
+	// empty).
+	if !d.synced() {
+		d.rec.restore()
+	}
 	// Poll the caches every 10 ms (WaitForCacheSync's 100 ms would add up to
 	// that much to every cold start).
 	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-		return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced(), nil
+		return d.synced(), nil
 	}); err != nil {
 		return ctx.Err()
 	}
-	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind())
+	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind(), "since_start", time.Since(start))
 	d.queue.Add(queueKey)
 	for {
 		key, shutdown := d.queue.Get()
@@ -322,13 +392,31 @@ func (d *daemon) mux() *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !d.rec.ready.Load() {
-			http.Error(w, "not reconciled yet", http.StatusServiceUnavailable)
+		ok, msg := d.readiness()
+		if !ok {
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(w, "ok")
+		fmt.Fprintln(w, msg)
 	})
 	return mux
+}
+
+// readiness says whether the node is programmed from fresh data: every local
+// cache synced and the last reconcile applied and published without error.
+// A node running on its persisted state (restarted during an API outage), or
+// whose last reconcile failed, is not ready; the message says why.
+func (d *daemon) readiness() (bool, string) {
+	if !d.synced() {
+		if t := d.rec.restoredAt.Load(); t != nil {
+			return false, fmt.Sprintf("programmed from the state persisted at %s; waiting for the API caches to sync", t.Format(time.RFC3339))
+		}
+		return false, "waiting for the API caches to sync"
+	}
+	if !d.rec.ready.Load() {
+		return false, "the last reconcile failed or has not run yet (see the log and meshd_reconcile_errors_total)"
+	}
+	return true, "ok: programmed from synced caches"
 }
 
 // Close releases the device; with cleanup it removes everything meshd owns.

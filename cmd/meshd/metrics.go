@@ -23,6 +23,8 @@ type metrics struct {
 	nodes      prometheus.Gauge
 	peers      prometheus.Gauge
 	leader     prometheus.Gauge
+	panics     prometheus.Counter
+	staleLinks prometheus.Gauge
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
@@ -46,12 +48,18 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_nodes", Help: "Nodes known to the mesh."}),
 		peers:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_peers", Help: "Peer objects in the mesh."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_leader", Help: "1 if this node leads its location (carries WireGuard traffic), else 0."}),
-		names:  map[wgtypes.Key]string{},
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshd_reconcile_panics_total", Help: "Reconciles that panicked (recovered; the node keeps its last applied state).",
+		}),
+		staleLinks: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshd_linked_clusters_stale", Help: "Linked clusters whose peers come from their last known state (their Nodes not listed since meshd started or the link changed, or the link Secret unusable).",
+		}),
+		names: map[wgtypes.Key]string{},
 	}
 	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
 		m.errors.WithLabelValues(ph)
 	}
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader,
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
@@ -40,8 +43,12 @@ type (
 		Cleanup() error
 	}
 	lister interface{ List() []any }
-	// linkSource lists the linked clusters (nil: no cluster links).
-	linkSource interface{ Snapshot() []k8s.RemoteCluster }
+	// linkSource lists the linked clusters (nil: no cluster links); Listed
+	// is false until the link Secrets were listed once.
+	linkSource interface {
+		Snapshot() []k8s.RemoteCluster
+		Listed() bool
+	}
 )
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
@@ -77,7 +84,20 @@ type reconciler struct {
 	// reported remembers the last annotation problems reported per object, so
 	// a bad annotation yields one Event, not one per resync.
 	reported map[string]string
-	resolver func(ctx context.Context, host string) ([]netip.Addr, error)
+	// secrets reads Peer preshared keys from the Secret informer's cache
+	// (k8s.PresharedKeys: a vanished Secret keeps the last known key); dns
+	// answers Peer endpoint names from the background resolver's cache.
+	// Nil: Peers with a preshared key are unusable, names resolve live.
+	secrets k8s.SecretLookup
+	dns     func(host string) (netip.Addr, error)
+
+	// stateDir holds the last applied state (state.go); "" persists nothing.
+	stateDir   string
+	savedState []byte
+	restoredAt atomic.Pointer[time.Time] // when the restored state was saved
+	// linkPeers are the last known peers of every linked cluster, by link
+	// Secret name (persisted with the plan).
+	linkPeers map[string][]mesh.Peer
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -110,12 +130,41 @@ func (r *reconciler) snapshot() snapshot {
 	return s
 }
 
-// reconcile makes the node equal to the plan for the current caches.
-func (r *reconciler) reconcile(ctx context.Context) error {
+// reconcile makes the node equal to the plan for the current caches. A
+// panic (a planner bug on input every node shares would otherwise crash-loop
+// every node at once) is recovered and returned as an error: the node keeps
+// what it last applied, and the caller retries with back-off.
+func (r *reconciler) reconcile(ctx context.Context) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = r.recovered(p)
+		}
+	}()
 	return r.apply(ctx, r.snapshot())
 }
 
+// errPanicked is what a reconcile that panicked counts as in the metrics.
+var errPanicked = errors.New("reconcile panicked")
+
+// recovered reports a recovered panic: log with the stack, metric, Event.
+func (r *reconciler) recovered(p any) error {
+	r.ready.Store(false)
+	if r.metrics != nil {
+		r.metrics.panics.Inc()
+	}
+	r.log.Error("reconcile panicked; keeping the last applied state and retrying with back-off", "panic", p, "stack", string(debug.Stack()))
+	if r.events != nil {
+		ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: r.node, UID: types.UID(r.node)}
+		r.events.Eventf(ref, corev1.EventTypeWarning, "ReconcilePanic",
+			"meshd recovered from a panic while reconciling; the node keeps its last applied state: %v", p)
+	}
+	return fmt.Errorf("%w: %v", errPanicked, p)
+}
+
 func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
+	// Every return sets err; only a panic leaves this value for the
+	// deferred metrics.
+	err = errPanicked
 	start := time.Now()
 	r.mu.Lock()
 	r.lastAttempt = start
@@ -159,14 +208,19 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
 		}
 	}
+	// The node is programmed: persist it for a restart during an API outage.
+	if len(errs) == 0 {
+		r.saveState(plan)
+	}
 	// Report: publish what other nodes need.
 	if err := r.publish(ctx, self, plan); err != nil {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
 	r.metrics.setPlan(plan, len(nodes), len(peers))
+	// Ready: programmed from fresh data, everything applied and reported.
+	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
-		r.ready.Store(true)
 		r.log.Debug("reconciled", "duration", time.Since(start), "peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "leader", plan.Leader)
 	}
 	return errors.Join(errs...)
@@ -177,9 +231,9 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 // Event), and replaces the local node by what this node knows about itself.
 func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
 	in := k8s.NewMeshInput(ctx, s.nodes, s.peers, k8s.MeshInputOptions{
-		Parse:   k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
-		Secret:  r.secret(ctx),
-		Resolve: r.resolver,
+		Parse:  k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
+		Secret: r.secrets,
+		Cached: r.dns,
 	})
 	var self *corev1.Node
 	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
@@ -237,41 +291,65 @@ func preferV4(as []netip.Addr) netip.Addr {
 	return as[0]
 }
 
-func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]byte, error) {
-	return func(ns, name, key string) ([]byte, error) {
-		s, err := r.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1GetOptions)
-		if err != nil {
-			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
-		}
-		v, ok := s.Data[key]
-		if !ok {
-			return nil, fmt.Errorf("Secret %s/%s has no key %q", ns, name, key)
-		}
-		return v, nil
-	}
-}
-
 // remotePeers turns the location leaders of every linked cluster into
 // peers. Remote ranges overlapping this cluster's pod, mesh or service
 // ranges are dropped and reported on the link Secret, never routed.
+//
+// A linked cluster's peers are never removed because its API server cannot
+// be read: until its Nodes are listed (meshd just started, or the link's
+// kubeconfig changed, while that cluster is unreachable), or while its link
+// Secret is unusable, the cluster keeps its last known peers (persisted with
+// the plan). Only deleting the link Secret removes them.
 func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.links == nil {
 		return nil
 	}
+	if r.linkPeers == nil {
+		r.linkPeers = map[string][]mesh.Peer{}
+	}
+	if !r.links.Listed() {
+		r.metrics.staleLinks.Set(float64(len(r.linkPeers)))
+		var peers []mesh.Peer
+		for _, name := range slices.Sorted(maps.Keys(r.linkPeers)) {
+			peers = append(peers, r.linkPeers[name]...)
+		}
+		return peers
+	}
 	remotes := r.links.Snapshot()
 	local := k8s.LocalRanges(r.opts, nodes)
 	var peers []mesh.Peer
+	stale := 0
+	defer func() { r.metrics.staleLinks.Set(float64(stale)) }()
 	seen := make(map[string]bool, len(remotes))
 	for _, rc := range remotes {
-		id := "link/" + rc.Secret.Name
+		name := rc.Secret.Name
+		id := "link/" + name
 		seen[id] = true
-		if rc.Err != nil {
+		switch {
+		case rc.Err != nil:
 			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
+			if last, ok := r.linkPeers[name]; ok {
+				stale++
+				peers = append(peers, last...)
+			}
+			continue
+		case !rc.Synced:
+			if last, ok := r.linkPeers[name]; ok {
+				stale++
+				r.log.Debug("linked cluster not synced; keeping its last known peers", "cluster", rc.Settings.Name, "peers", len(last))
+				peers = append(peers, last...)
+			}
 			continue
 		}
 		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
 		r.report(rc.Secret, id, "RangeOverlap", problems)
+		r.linkPeers[name] = ps
 		peers = append(peers, ps...)
+	}
+	for name := range r.linkPeers {
+		if !seen["link/"+name] {
+			delete(r.linkPeers, name) // unlinked
+		}
 	}
 	r.forgetReports("link/", seen)
 	return peers

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,7 +25,10 @@ type RemoteCluster struct {
 	Settings LinkSettings
 	Secret   *corev1.Secret
 	Nodes    []*corev1.Node
-	Synced   bool
+	// Synced is false until the cluster's Nodes were listed once (since
+	// meshd started or the link's kubeconfig changed): Nodes is then
+	// incomplete, and the cluster's last known peers must be kept.
+	Synced bool
 	// Err is set when the link Secret itself is unusable.
 	Err error
 }
@@ -38,9 +42,15 @@ type LinkWatcher struct {
 	resync    time.Duration
 	onChange  func()
 
+	listed atomic.Bool // the link Secrets were listed once
+
 	mu      sync.Mutex
 	remotes map[string]*remoteWatch // by Secret name
 }
+
+// Listed reports whether the link Secrets have been listed: before, an
+// empty Snapshot means "not known yet", not "no linked cluster".
+func (w *LinkWatcher) Listed() bool { return w.listed.Load() }
 
 type remoteWatch struct {
 	secret   *corev1.Secret
@@ -56,41 +66,79 @@ func NewLinkWatcher(log *slog.Logger, kube kubernetes.Interface, namespace strin
 	return &LinkWatcher{log: log, kube: kube, namespace: namespace, resync: resync, onChange: onChange, remotes: map[string]*remoteWatch{}}
 }
 
-// Run watches until ctx ends, then stops every remote watch.
-func (w *LinkWatcher) Run(ctx context.Context) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, w.resync,
-		informers.WithNamespace(w.namespace),
+// LinkSecretEvents are the callbacks of [WatchLinkSecrets]. They run one at
+// a time, on the watch's goroutine.
+type LinkSecretEvents struct {
+	// Upsert is called for a link Secret added or changed (and at resyncs).
+	Upsert func(*corev1.Secret)
+	// Delete is called with the name of a link Secret deleted.
+	Delete func(name string)
+	// Synced, if set, is called once, after every link Secret present when
+	// the watch started has been passed to Upsert.
+	Synced func()
+}
+
+// WatchLinkSecrets watches the cluster-link Secrets (label
+// meshd.io/cluster-link=true) of namespace until ctx ends. It is the one
+// watcher of link Secrets: the node daemon's LinkWatcher and the service
+// mirror both use it.
+func WatchLinkSecrets(ctx context.Context, kube kubernetes.Interface, namespace string, resync time.Duration, ev LinkSecretEvents) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(kube, resync,
+		informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelClusterLink + "=true" }))
 	inf := factory.Core().V1().Secrets().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { w.upsert(ctx, o) },
-		UpdateFunc: func(_, o any) { w.upsert(ctx, o) },
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if s, ok := o.(*corev1.Secret); ok {
+				ev.Upsert(s)
+			}
+		},
+		UpdateFunc: func(_, o any) {
+			if s, ok := o.(*corev1.Secret); ok {
+				ev.Upsert(s)
+			}
+		},
 		DeleteFunc: func(o any) {
 			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = t.Obj
 			}
 			if s, ok := o.(*corev1.Secret); ok {
-				w.remove(s.Name)
+				ev.Delete(s.Name)
 			}
 		},
-	}); err != nil {
-		return fmt.Errorf("watching link Secrets: %w", err)
+	})
+	if err != nil {
+		return fmt.Errorf("watching link Secrets in %s: %w", namespace, err)
 	}
-	inf.RunWithContext(ctx)
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if ev.Synced != nil {
+		if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+			return nil
+		}
+		ev.Synced()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// Run watches until ctx ends, then stops every remote watch.
+func (w *LinkWatcher) Run(ctx context.Context) error {
+	err := WatchLinkSecrets(ctx, w.kube, w.namespace, w.resync, LinkSecretEvents{
+		Upsert: func(s *corev1.Secret) { w.upsert(ctx, s) },
+		Delete: w.remove,
+		Synced: func() { w.listed.Store(true); w.onChange() },
+	})
 	w.mu.Lock()
 	for name, r := range w.remotes {
 		r.cancel()
 		delete(w.remotes, name)
 	}
 	w.mu.Unlock()
-	return nil
+	return err
 }
 
-func (w *LinkWatcher) upsert(ctx context.Context, o any) {
-	s, ok := o.(*corev1.Secret)
-	if !ok {
-		return
-	}
+func (w *LinkWatcher) upsert(ctx context.Context, s *corev1.Secret) {
 	settings, kc, err := LinkFromSecret(s)
 	w.mu.Lock()
 	old := w.remotes[s.Name]
@@ -100,49 +148,60 @@ func (w *LinkWatcher) upsert(ctx context.Context, o any) {
 		w.onChange()
 		return
 	}
-	if old != nil {
+	w.mu.Unlock()
+	// Connect outside the lock; publish the complete watch under it.
+	r := &remoteWatch{secret: s, settings: settings, kc: kc, err: err, cancel: func() {}}
+	if err == nil {
+		r.nodes, r.cancel, r.err = w.start(ctx, settings.Name, kc)
+	}
+	w.mu.Lock()
+	if old := w.remotes[s.Name]; old != nil {
 		old.cancel()
 	}
-	r := &remoteWatch{secret: s, settings: settings, kc: kc, err: err, cancel: func() {}}
 	w.remotes[s.Name] = r
 	w.mu.Unlock()
-	if err == nil {
-		r.err = w.start(ctx, r)
-	}
 	if r.err != nil {
-		w.log.Error("cannot use cluster link", "secret", s.Namespace+"/"+s.Name, "error", r.err)
+		w.log.Error("cannot use cluster link; keeping the linked cluster's last known peers", "secret", s.Namespace+"/"+s.Name, "error", r.err)
 	} else {
 		w.log.Info("watching linked cluster", "cluster", settings.Name, "secret", s.Namespace+"/"+s.Name)
 	}
 	w.onChange()
 }
 
-func (w *LinkWatcher) start(ctx context.Context, r *remoteWatch) error {
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(r.kc)
+// start begins watching the Nodes of the cluster reached by kubeconfig kc.
+func (w *LinkWatcher) start(ctx context.Context, cluster string, kc []byte) (cache.SharedIndexInformer, context.CancelFunc, error) {
+	none := func() {}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
 	if err != nil {
-		return fmt.Errorf("link to cluster %s: parsing its kubeconfig: %w", r.settings.Name, err)
+		return nil, none, fmt.Errorf("link to cluster %s: parsing its kubeconfig: %w", cluster, err)
 	}
 	cfg.UserAgent = "meshd-link"
 	cfg.Timeout = 15 * time.Second
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return fmt.Errorf("link to cluster %s: building a client for %s: %w", r.settings.Name, cfg.Host, err)
+		return nil, none, fmt.Errorf("link to cluster %s: building a client for %s: %w", cluster, cfg.Host, err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	r.cancel = cancel
-	r.nodes = informers.NewSharedInformerFactory(c, w.resync).Core().V1().Nodes().Informer()
+	nodes := informers.NewSharedInformerFactory(c, w.resync).Core().V1().Nodes().Informer()
 	handler := func(any) { w.onChange() }
-	if _, err := r.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: handler, UpdateFunc: func(_, o any) { handler(o) }, DeleteFunc: handler,
-	}); err != nil {
-		cancel()
-		return fmt.Errorf("link to cluster %s: %w", r.settings.Name, err)
-	}
-	_ = r.nodes.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		w.log.Warn("linked cluster unreachable; keeping its last known nodes", "cluster", r.settings.Name, "error", err)
 	})
-	go r.nodes.RunWithContext(rctx)
-	return nil
+	if err != nil {
+		return nil, none, fmt.Errorf("link to cluster %s: %w", cluster, err)
+	}
+	_ = nodes.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		w.log.Warn("linked cluster unreachable; keeping its last known nodes", "cluster", cluster, "error", err)
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	go nodes.RunWithContext(rctx)
+	// The first sync changes what Snapshot reports (Synced) even for a
+	// cluster without nodes.
+	go func() {
+		if cache.WaitForCacheSync(rctx.Done(), reg.HasSynced) {
+			w.onChange()
+		}
+	}()
+	return nodes, cancel, nil
 }
 
 func (w *LinkWatcher) remove(name string) {

@@ -25,6 +25,10 @@ type MeshInputOptions struct {
 	// resolver. Each lookup gets ResolveTimeout (default 2s).
 	Resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
 	ResolveTimeout time.Duration
+	// Cached, when set, replaces Resolve: it answers from a cache without
+	// blocking (a [Resolver]'s Lookup). The daemon uses it so its reconcile
+	// never waits on DNS.
+	Cached func(host string) (netip.Addr, error)
 }
 
 // MeshInput is the planner input converted from the cluster's objects, as
@@ -64,15 +68,38 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		if obj == nil {
 			continue
 		}
-		p, err := PeerFromObject(obj, o.Secret)
+		// A lookup answering with a last known value (*StaleError) keeps
+		// the Peer; the staleness is reported as a problem.
+		var stale []error
+		lookup := o.Secret
+		if lookup != nil {
+			lookup = func(ns, name, key string) ([]byte, error) {
+				v, err := o.Secret(ns, name, key)
+				if se := (*StaleError)(nil); errors.As(err, &se) {
+					stale = append(stale, fmt.Errorf("peer %q: %w", obj.Name, err))
+					return v, nil
+				}
+				return v, err
+			}
+		}
+		p, err := PeerFromObject(obj, lookup)
 		if err != nil {
 			in.Problems["peer/"+obj.Name] = []error{err}
 			continue
 		}
+		if len(stale) > 0 {
+			in.Problems["peer/"+obj.Name] = stale
+		}
 		if p.Endpoint.Host != "" && !p.Endpoint.Addr.IsValid() {
-			a, rerr := o.resolve(ctx, p.Endpoint.Host)
+			var a netip.Addr
+			var rerr error
+			if o.Cached != nil {
+				a, rerr = o.Cached(p.Endpoint.Host)
+			} else {
+				a, rerr = o.resolve(ctx, p.Endpoint.Host)
+			}
 			if rerr != nil {
-				in.Problems["peer/"+obj.Name] = []error{fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr)}
+				in.Problems["peer/"+obj.Name] = append(in.Problems["peer/"+obj.Name], fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr))
 			} else {
 				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
 			}
@@ -99,13 +126,5 @@ func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr,
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	if len(as) == 0 {
-		return netip.Addr{}, errors.New("no addresses")
-	}
-	for _, a := range as {
-		if a.Unmap().Is4() {
-			return a.Unmap(), nil
-		}
-	}
-	return as[0].Unmap(), nil
+	return pickAddr(as)
 }

@@ -62,3 +62,32 @@ func TestNewMeshInput(t *testing.T) {
 		t.Errorf("problems %v", in.Problems)
 	}
 }
+
+func TestNewMeshInputCachedAndStale(t *testing.T) {
+	k, _ := wgtypes.GeneratePrivateKey()
+	psk, _ := wgtypes.GenerateKey()
+	p := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: "office"}, Spec: v1alpha1.PeerSpec{
+		PublicKey: k.PublicKey().String(), AllowedIPs: []string{"10.5.0.1/32"},
+		Endpoint:              &v1alpha1.PeerEndpoint{Host: "vpn.example", Port: 51821},
+		PresharedKeySecretRef: &v1alpha1.SecretKeyRef{Namespace: "meshd-system", Name: "psk", Key: "psk"},
+	}}
+	in := NewMeshInput(context.Background(), nil, []*v1alpha1.Peer{p}, MeshInputOptions{
+		Secret: func(ns, name, key string) ([]byte, error) {
+			return []byte(psk.String()), &StaleError{Err: errors.New("Secret meshd-system/psk not found")}
+		},
+		Resolve: func(context.Context, string) ([]netip.Addr, error) {
+			t.Error("live DNS lookup with a cache")
+			return nil, nil
+		},
+		Cached: func(string) (netip.Addr, error) { return netip.MustParseAddr("203.0.113.9"), nil },
+	})
+	if len(in.Peers) != 1 || in.Peers[0].PresharedKey == nil || *in.Peers[0].PresharedKey != psk {
+		t.Fatalf("peers %+v: want the peer kept with its last known preshared key", in.Peers)
+	}
+	if in.Peers[0].Endpoint.Addr != netip.MustParseAddrPort("203.0.113.9:51821") {
+		t.Errorf("endpoint %v", in.Peers[0].Endpoint)
+	}
+	if ps := in.Problems["peer/office"]; len(ps) != 1 || !strings.Contains(ps[0].Error(), "keeping the last known preshared key") {
+		t.Errorf("problems %v", ps)
+	}
+}

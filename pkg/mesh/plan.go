@@ -47,6 +47,9 @@ func (t *Topology) plan() *Plan {
 		t.locationRoutes(rb, ls)
 	}
 	p.Routes = rb.finish()
+	if t.opts.FailClosed {
+		p.Routes = append(p.Routes, t.failClosedRoutes(p.Routes)...)
+	}
 	p.Warnings = append(p.Warnings, rb.warnings...)
 	p.Rules = routeRules(p.Routes, &t.opts)
 	t.iptables(p, rb.pods)

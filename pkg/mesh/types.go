@@ -102,6 +102,11 @@ type Options struct {
 	LocalRoutes  bool
 	RouteTable   int
 	RulePriority int
+	// FailClosed adds, for every route into the mesh, an unreachable route
+	// to the same destination at FailClosedMetric, so traffic for the mesh
+	// is dropped rather than sent out of the underlay when its route is
+	// missing (see failClosedRoutes). meshd always sets it.
+	FailClosed bool
 }
 
 // Local holds facts only the local node knows.
@@ -152,7 +157,8 @@ type WireGuardPeer struct {
 }
 
 // Route is one route meshd owns. Device is an interface name ("" lets the
-// kernel choose by gateway); the protocol number is implied.
+// kernel choose by gateway); the protocol number is implied. A Type other
+// than RouteUnicast has no Gateway, Device or Src.
 type Route struct {
 	Table   int
 	Dst     netip.Prefix
@@ -160,6 +166,7 @@ type Route struct {
 	Device  string
 	Src     netip.Addr
 	Metric  int
+	Type    RouteType `json:",omitempty"`
 }
 
 // Rule is one policy rule steering traffic into meshd's table.

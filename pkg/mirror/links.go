@@ -6,10 +6,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s"
@@ -37,16 +34,8 @@ type linkState struct {
 }
 
 func (c *Controller) watchLinks(ctx context.Context, kube kubernetes.Interface, namespace string, newRemote func(string, []byte) (Remote, error)) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(kube, c.opts.Resync,
-		informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = k8s.LabelClusterLink + "=true" }))
-	inf := factory.Core().V1().Secrets().Informer()
-	links := map[string]linkState{} // by Secret name; handlers run one at a time
-	upsert := func(o any) {
-		s, ok := o.(*corev1.Secret)
-		if !ok {
-			return
-		}
+	links := map[string]linkState{} // by Secret name; callbacks run one at a time
+	upsert := func(s *corev1.Secret) {
 		// The mirror needs only the cluster's name and kubeconfig; the mesh
 		// settings of the link are the node daemon's business.
 		settings, _, err := k8s.LinkFromSecret(s)
@@ -76,33 +65,26 @@ func (c *Controller) watchLinks(ctx context.Context, kube kubernetes.Interface, 
 		links[s.Name] = linkState{cluster: settings.Name, kc: kc}
 		c.log.Info("mirroring exports of linked cluster", "cluster", settings.Name, "secret", s.Namespace+"/"+s.Name)
 	}
-	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    upsert,
-		UpdateFunc: func(_, o any) { upsert(o) },
-		DeleteFunc: func(o any) {
-			_, name := namespaceName(o)
+	return k8s.WatchLinkSecrets(ctx, kube, namespace, c.opts.Resync, k8s.LinkSecretEvents{
+		Upsert: upsert,
+		Delete: func(name string) {
 			if l, ok := links[name]; ok {
 				delete(links, name)
 				c.log.Info("cluster unlinked; deleting its mirrors", "cluster", l.cluster)
 				c.RemoveRemote(l.cluster)
 			}
 		},
+		// Every link is known: once the local caches have synced too,
+		// mirrors of clusters no longer linked can be deleted.
+		Synced: func() {
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-c.localSynced:
+					c.allKnown.Store(true)
+					c.enqueueAllLocal()
+				}
+			}()
+		},
 	})
-	if err != nil {
-		return fmt.Errorf("watching link Secrets in %s: %w", namespace, err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-		return nil
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-c.localSynced:
-	}
-	c.allKnown.Store(true)
-	c.enqueueAllLocal()
-	<-ctx.Done()
-	return nil
 }

@@ -32,6 +32,13 @@
 // catches what the kernel does not announce (IPv4 routes flushed with a
 // deleted interface).
 //
+// Besides ordinary routes, a Route may be a blackhole, unreachable or
+// prohibit route ([Type]): no gateway, no device. meshd pairs every route into
+// the tunnel with an unreachable route to the same destination at a higher
+// metric, so a missing route drops the packet instead of letting the lookup
+// fall through to the main table. They are owned, diffed, adopted and
+// repaired exactly like the others.
+//
 // All kernel access goes through the narrow [Kernel] interface; [New] binds it
 // to real netlink in the caller's network namespace and [FakeKernel] is an
 // in-memory stand-in for tests.

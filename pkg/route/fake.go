@@ -183,6 +183,12 @@ func (f *FakeKernel) resolveLocked(r KernelRoute) (KernelRoute, error) {
 	if !r.Dst.IsValid() || r.Table == 0 {
 		return r, syscall.EINVAL
 	}
+	if r.Type != TypeUnicast {
+		if r.LinkIndex != 0 || r.Gateway.IsValid() || r.Src.IsValid() {
+			return r, syscall.EINVAL
+		}
+		return r, nil
+	}
 	if r.LinkIndex != 0 {
 		if !slices.Contains(slices.Collect(maps.Values(f.links)), r.LinkIndex) {
 			return r, syscall.ENODEV
@@ -251,7 +257,7 @@ func (f *FakeKernel) DelRoute(r KernelRoute) error {
 		return err
 	}
 	for have := range f.routes {
-		if have.slot() != r.slot() || have.Protocol != r.Protocol ||
+		if have.slot() != r.slot() || have.Protocol != r.Protocol || have.Type != r.Type ||
 			(r.Gateway.IsValid() && have.Gateway != r.Gateway) ||
 			(r.LinkIndex != 0 && have.LinkIndex != r.LinkIndex) ||
 			(r.Src.IsValid() && have.Src != r.Src) {

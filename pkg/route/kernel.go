@@ -24,10 +24,51 @@ type KernelRoute struct {
 	LinkIndex int          // output interface; 0 only in a request: let the kernel choose by gateway
 	Protocol  int
 	Metric    int // IPv6: 0 is stored by the kernel as 1024, so meshd asks for 1024
+	Type      Type
+}
+
+// Type is a route's type. The zero value is an ordinary (unicast) route; the
+// others drop what they match and have neither gateway nor device (meshd
+// uses them to fail closed: a tunnelled destination whose route is missing
+// is dropped, never sent out of the underlay).
+type Type int
+
+// Route types, numbered as the kernel does (RTN_*), unicast excepted.
+const (
+	TypeUnicast     Type = 0
+	TypeBlackhole   Type = 6 // RTN_BLACKHOLE: dropped silently
+	TypeUnreachable Type = 7 // RTN_UNREACHABLE: dropped, ICMP host unreachable to the sender
+	TypeProhibit    Type = 8 // RTN_PROHIBIT: dropped, ICMP administratively prohibited
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeUnicast:
+		return "unicast"
+	case TypeBlackhole:
+		return "blackhole"
+	case TypeUnreachable:
+		return "unreachable"
+	case TypeProhibit:
+		return "prohibit"
+	}
+	return fmt.Sprintf("type %d", int(t))
+}
+
+// valid reports whether t is one of the supported types.
+func (t Type) valid() bool {
+	switch t {
+	case TypeUnicast, TypeBlackhole, TypeUnreachable, TypeProhibit:
+		return true
+	}
+	return false
 }
 
 func (r KernelRoute) String() string {
 	var b strings.Builder
+	if r.Type != TypeUnicast {
+		fmt.Fprintf(&b, "%s ", r.Type)
+	}
 	fmt.Fprintf(&b, "%s table %d", r.Dst, r.Table)
 	if r.Gateway.IsValid() {
 		fmt.Fprintf(&b, " via %s", r.Gateway)

@@ -81,7 +81,15 @@ func (k *netlinkKernel) ListRoutes(table, protocol int) ([]KernelRoute, error) {
 
 // fromNetlinkRoute turns a unicast route into its identity.
 func fromNetlinkRoute(r *netlink.Route) (KernelRoute, bool) {
-	if r.Type != unix.RTN_UNICAST || r.Dst == nil {
+	if r.Dst == nil {
+		return KernelRoute{}, false
+	}
+	var typ Type
+	switch r.Type {
+	case unix.RTN_UNICAST:
+	case unix.RTN_BLACKHOLE, unix.RTN_UNREACHABLE, unix.RTN_PROHIBIT:
+		typ = Type(r.Type)
+	default:
 		return KernelRoute{}, false
 	}
 	kr := KernelRoute{
@@ -90,6 +98,11 @@ func fromNetlinkRoute(r *netlink.Route) (KernelRoute, bool) {
 		LinkIndex: r.LinkIndex,
 		Protocol:  int(r.Protocol),
 		Metric:    r.Priority,
+		Type:      typ,
+	}
+	if typ != TypeUnicast {
+		// The kernel hangs IPv6 reject routes on lo; they have no device.
+		kr.LinkIndex = 0
 	}
 	addr, ok := netip.AddrFromSlice(r.Dst.IP)
 	if !ok {
@@ -135,6 +148,10 @@ func toNetlinkRoute(r KernelRoute) *netlink.Route {
 		Protocol:  netlink.RouteProtocol(r.Protocol),
 		Priority:  r.Metric,
 		Type:      unix.RTN_UNICAST,
+	}
+	if r.Type != TypeUnicast {
+		nr.Type = int(r.Type)
+		return nr
 	}
 	if r.Gateway.IsValid() {
 		nr.Gw = r.Gateway.AsSlice()

@@ -24,7 +24,8 @@ const (
 // Route is one route meshd wants. Table 0 means Options.Table. Device is an
 // interface name, resolved to its index at every Set (so a recreated
 // interface is followed); "" lets the kernel choose the device by Gateway.
-// Metric 0 on IPv6 is what the kernel calls 1024.
+// Metric 0 on IPv6 is what the kernel calls 1024. A Type other than unicast
+// (blackhole, unreachable, prohibit) takes no Gateway, Device or Src.
 type Route struct {
 	Table   int
 	Dst     netip.Prefix
@@ -32,6 +33,7 @@ type Route struct {
 	Device  string
 	Src     netip.Addr
 	Metric  int
+	Type    Type
 }
 
 // Rule is one policy rule "from all lookup Table" at Priority. Priority 0
@@ -241,6 +243,13 @@ func (m *Manager) routeKey(r Route) (KernelRoute, error) {
 		Dst:      dst,
 		Protocol: m.opts.Protocol,
 		Metric:   r.Metric,
+		Type:     r.Type,
+	}
+	if !r.Type.valid() {
+		return KernelRoute{}, fmt.Errorf("unsupported route %s", r.Type)
+	}
+	if r.Type != TypeUnicast && (r.Gateway.IsValid() || r.Device != "" || r.Src.IsValid()) {
+		return KernelRoute{}, fmt.Errorf("a %s route takes no gateway, device or source", r.Type)
 	}
 	if dst.Addr().Is6() {
 		k.Family = FamilyV6
@@ -266,7 +275,7 @@ func (m *Manager) routeKey(r Route) (KernelRoute, error) {
 			return KernelRoute{}, fmt.Errorf("source %s is not in the destination's family", r.Src)
 		}
 	}
-	if r.Device == "" && !k.Gateway.IsValid() {
+	if r.Type == TypeUnicast && r.Device == "" && !k.Gateway.IsValid() {
 		return KernelRoute{}, errors.New("neither device nor gateway")
 	}
 	return k, nil
@@ -284,7 +293,7 @@ func sortedRoutes(set map[KernelRoute]bool, keep func(KernelRoute) bool) []Kerne
 	slices.SortFunc(out, func(a, b KernelRoute) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), a.Dst.Addr().Compare(b.Dst.Addr()),
 			cmp.Compare(a.Dst.Bits(), b.Dst.Bits()), cmp.Compare(a.Metric, b.Metric),
-			a.Gateway.Compare(b.Gateway), cmp.Compare(a.LinkIndex, b.LinkIndex), a.Src.Compare(b.Src))
+			a.Gateway.Compare(b.Gateway), cmp.Compare(a.LinkIndex, b.LinkIndex), a.Src.Compare(b.Src), cmp.Compare(a.Type, b.Type))
 	})
 	return out
 }
