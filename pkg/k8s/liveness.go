@@ -9,11 +9,21 @@ import (
 )
 
 // Liveness judges which nodes are alive from when THIS process observed
-// their heartbeat Leases change. It never compares a Lease's renewTime with
-// the local clock, so nodes need not have synchronized clocks: a node is live
-// while the last change of its Lease (a new resourceVersion or renewTime),
-// timed by the local clock, is younger than the timeout. A Lease seen for
-// the first time counts as a change. Safe for concurrent use.
+// their heartbeat Leases change: a node is live while the last change of its
+// Lease (a new resourceVersion or renewTime), timed by the local clock, is
+// younger than the timeout. Later changes never compare a remote renewTime
+// with the local clock.
+//
+// A Lease seen for the first time (after a restart of this process) is the
+// one exception: it counts as a change only if its renewTime is younger than
+// the timeout by the local clock. A Lease already stale on first sight is
+// dead until it changes, so a long-dead node is not picked as a leader again
+// after a restart. This assumes the nodes' clocks agree to well within the
+// timeout (NTP; the kubelet's node Lease makes the same assumption): a node
+// whose clock runs behind by more than the timeout minus its renew interval
+// looks dead to a freshly started meshd until its next renewal, then live. A
+// Lease without a renewTime is judged by its first sight alone. Safe for
+// concurrent use.
 type Liveness struct {
 	mu      sync.Mutex
 	timeout time.Duration
@@ -56,7 +66,13 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 	if known && prev.resourceVersion == lease.ResourceVersion && prev.renewTime.Equal(renew) {
 		return false
 	}
-	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: l.now()}
+	now := l.now()
+	at := now
+	if !known && !renew.IsZero() && now.Sub(renew) >= l.timeout {
+		// Stale on first sight: dead until it changes (see the type doc).
+		at = now.Add(-l.timeout)
+	}
+	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at}
 	return true
 }
 
@@ -83,24 +99,6 @@ func (l *Liveness) Live() map[string]bool {
 
 func (l *Liveness) live(o observation, now time.Time) bool {
 	return now.Sub(o.at) < l.timeout
-}
-
-// NextExpiry returns when the next currently live node stops being live
-// (absent further changes), so the caller can reconcile then; ok is false
-// when no node is live.
-func (l *Liveness) NextExpiry() (t time.Time, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	for _, o := range l.seen {
-		if !l.live(o, now) {
-			continue
-		}
-		if exp := o.at.Add(l.timeout); !ok || exp.Before(t) {
-			t, ok = exp, true
-		}
-	}
-	return t, ok
 }
 
 // Expired reports whether a node that the last Live call reported live has
