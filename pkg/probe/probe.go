@@ -92,12 +92,12 @@ type Options struct {
 }
 
 type target struct {
-	name     string
-	addr     netip.AddrPort
-	state    State
-	lastOK   time.Time // last healthy reply
-	streak   int // consecutive healthy replies
-	seq      uint64
+	name   string
+	addr   netip.AddrPort
+	state  State
+	lastOK time.Time // last healthy reply
+	streak int       // consecutive healthy replies
+	seq    uint64
 }
 
 // Prober sends and answers probes. Create it with New, give it targets
