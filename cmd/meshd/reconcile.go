@@ -21,6 +21,7 @@ import (
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -40,6 +41,8 @@ type (
 		Cleanup() error
 	}
 	lister interface{ List() []any }
+	// probeSetter takes the data-plane probe targets (failover.go).
+	probeSetter interface{ SetTargets([]probe.Target) bool }
 	// linkSource lists the linked clusters (nil: no cluster links).
 	linkSource interface{ Snapshot() []k8s.RemoteCluster }
 )
@@ -62,6 +65,9 @@ type reconciler struct {
 	kube     kubernetes.Interface
 	events   record.EventRecorder
 	liveness *k8s.Liveness
+	// prober, when set, gets the probe targets of every plan (failover.go).
+	prober    probeSetter
+	probePort int
 
 	nodeLister, peerLister lister
 	links                  linkSource
@@ -130,10 +136,14 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return err
 	}
 	peers = append(peers, r.remotePeers(nodes)...)
-	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
+	live := r.liveness.Decide(locationKeys(nodes, r.opts.Granularity))
+	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
 		return fmt.Errorf("planning: %w", err)
+	}
+	if r.prober != nil {
+		r.prober.SetTargets(probeTargets(nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
 	}
 	for _, w := range plan.Warnings {
 		r.log.Warn("plan", "warning", w)

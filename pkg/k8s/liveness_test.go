@@ -66,21 +66,21 @@ func TestLiveness(t *testing.T) {
 	if got := l.Live(); !got["a"] || !got["b"] {
 		t.Fatalf("Live() = %v, want a and b live", got)
 	}
-	if l.Expired() {
-		t.Error("Expired before anyone expired")
+	if l.Changed() {
+		t.Error("Changed before anyone expired")
 	}
 
 	// At 40s since b's last change, b is dead; a is live.
 	clock.Step(10 * time.Second)
-	if !l.Expired() {
-		t.Error("Expired did not report b's expiry")
+	if !l.Changed() {
+		t.Error("Changed did not report b's expiry")
 	}
 	want = map[string]bool{"a": true, "b": false}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
 	}
-	if l.Expired() {
-		t.Error("Expired still true after Live() took the new state")
+	if l.Changed() {
+		t.Error("Changed still true after Live() took the new state")
 	}
 
 	// A change of resourceVersion alone (same renewTime) is a change, and b
@@ -88,17 +88,23 @@ func TestLiveness(t *testing.T) {
 	if !l.Observe(lease("b", "7", ahead)) {
 		t.Error("a new resourceVersion was not a change")
 	}
-	// A renewTime change with the same resourceVersion is a change too.
-	if !l.Observe(lease("a", "2", behind.Add(31*time.Second))) {
-		t.Error("a new renewTime was not a change")
+	// A renewTime change with the same resourceVersion renews too, but a
+	// renewal of a live node that reports nothing new changes no decision:
+	// Observe says so (the daemon enqueues no reconcile for it).
+	if l.Observe(lease("a", "2", behind.Add(31*time.Second))) {
+		t.Error("a plain renewal of a live node was reported as a possible decision change")
 	}
 	want = map[string]bool{"a": true, "b": true}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
 	}
+	clock.Step(39 * time.Second)
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("39s after the renewals: Live() = %v, want %v", got, want)
+	}
 
-	// Everyone silent for the timeout: nobody live, no next expiry.
-	clock.Step(40 * time.Second)
+	// Everyone silent for the timeout: nobody live.
+	clock.Step(time.Second)
 	want = map[string]bool{"a": false, "b": false}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)

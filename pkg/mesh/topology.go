@@ -74,6 +74,8 @@ type member struct {
 	seg  int
 	mesh [2]netip.Addr
 	live bool
+	// settling: live, but only recently (Local.Settling).
+	settling bool
 }
 
 // OutsideConfig is the WireGuard configuration an outside Peer needs to join
@@ -150,7 +152,7 @@ func (t *Topology) collectMembers(nodes []Node, local Local) error {
 		if n.Name == local.NodeName {
 			t.local = len(t.members)
 		}
-		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name]})
+		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name], settling: local.Settling[n.Name]})
 	}
 	return nil
 }
@@ -392,13 +394,17 @@ func (t *Topology) publishMeshIPs() {
 }
 
 // electLeaders picks every segment's leader: among live members (all of them
-// if none is live), one with a published key, then the preferred leader,
-// then a public endpoint, then the first name.
+// if none is live), settled ones before settling ones, one with a published
+// key, then the preferred leader, then a public endpoint, then the first
+// name.
 func (t *Topology) electLeaders(nodes []Node) {
 	var zero wgtypes.Key
 	better := func(a, b *member) bool { // is a better than b
 		if a.live != b.live {
 			return a.live
+		}
+		if a.settling != b.settling {
+			return !a.settling
 		}
 		if ak, bk := a.n.PublicKey != zero, b.n.PublicKey != zero; ak != bk {
 			return ak
