@@ -134,6 +134,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if c.ClusterLinks {
 		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
 		r.links = d.links
+		r.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
 	}
 	return d, nil
 }
@@ -242,6 +243,8 @@ func (d *daemon) Run(ctx context.Context) error {
 	if d.links != nil { // linked clusters
 		lctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return d.links.Run(lctx) }, func(error) { cancel() })
+		llctx, llcancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.rec.linkLive.Run(llctx) }, func(error) { llcancel() })
 	}
 	{ // liveness heartbeat
 		hctx, cancel := context.WithCancel(ctx)
@@ -315,7 +318,7 @@ func (d *daemon) tick(ctx context.Context) {
 		case <-resync.C:
 			d.enqueue()
 		case <-expiry.C:
-			if d.rec.liveness.Changed() {
+			if d.livenessChanged() {
 				d.enqueue()
 			}
 			expiry.Reset(d.nextLivenessCheck())

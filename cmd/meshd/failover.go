@@ -34,23 +34,6 @@ import (
 // a demoted leader is still probed (its recovery is seen).
 const remoteCandidates = 3
 
-// locationKeys maps every node to the key of the segment it belongs to:
-// its location, or the node itself when it has none or the mesh is full.
-func locationKeys(nodes []mesh.Node, g mesh.Granularity) map[string]string {
-	out := make(map[string]string, len(nodes))
-	for _, n := range nodes {
-		out[n.Name] = locationKey(n, g)
-	}
-	return out
-}
-
-func locationKey(n mesh.Node, g mesh.Granularity) string {
-	if n.Location == "" || g == mesh.GranularityFull {
-		return "node/" + n.Name
-	}
-	return "location/" + n.Location
-}
-
 // probeTargets are the nodes self probes: every other WireGuard member of
 // its own location at its internal IP, and in every other location with a
 // choice of leaders, the current leader and the first remoteCandidates
@@ -62,7 +45,7 @@ func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, leaders ma
 	selfLoc := ""
 	for i := range nodes {
 		n := &nodes[i]
-		k := locationKey(*n, g)
+		k := k8s.LocationKey(*n, g)
 		if n.Name == self {
 			selfLoc = k
 		}
@@ -161,6 +144,7 @@ func (d *daemon) setupFailover() error {
 	health := &forwardingHealth{}
 	p, err := probe.New(probe.Options{
 		Port:    d.cfg.ProbePort,
+		Device:  d.rec.facts.iface,
 		Healthy: health.Healthy,
 		OnChange: func() {
 			select {
@@ -208,5 +192,24 @@ func (d *daemon) nextLivenessCheck() time.Duration {
 	if t, ok := d.rec.liveness.NextChange(); ok {
 		wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
 	}
+	if d.rec.linkLive != nil {
+		if t, ok := d.rec.linkLive.NextChange(); ok {
+			wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
+		}
+	}
 	return wait
+}
+
+// livenessChanged: a local or linked cluster's decision changed.
+func (d *daemon) livenessChanged() bool {
+	return d.rec.liveness.Changed() || d.rec.linkLive != nil && d.rec.linkLive.Changed()
+}
+
+// linkJudge is how a linked cluster's leaders are elected: from its own
+// Leases and probe reports when they can be read, else all live.
+func (r *reconciler) linkJudge(rc k8s.RemoteCluster) k8s.RemoteJudge {
+	if r.linkLive == nil || rc.Secret == nil {
+		return nil
+	}
+	return r.linkLive.Judge(rc.Secret.Name)
 }

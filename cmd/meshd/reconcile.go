@@ -71,6 +71,8 @@ type reconciler struct {
 
 	nodeLister, peerLister lister
 	links                  linkSource
+	// linkLive judges linked clusters' nodes from their Leases (nil: all live).
+	linkLive *k8s.LinkLiveness
 
 	device     wgDevice
 	routes     routeSetter
@@ -136,7 +138,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return err
 	}
 	peers = append(peers, r.remotePeers(nodes)...)
-	live := r.liveness.Decide(locationKeys(nodes, r.opts.Granularity))
+	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
@@ -269,6 +271,9 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		return nil
 	}
 	remotes := r.links.Snapshot()
+	if r.linkLive != nil {
+		r.linkLive.Sync(remotes)
+	}
 	local := k8s.LocalRanges(r.opts, nodes)
 	var peers []mesh.Peer
 	seen := make(map[string]bool, len(remotes))
@@ -279,7 +284,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
 			continue
 		}
-		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
+		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, local, r.linkJudge(rc))
 		r.report(rc.Secret, id, "RangeOverlap", problems)
 		peers = append(peers, ps...)
 	}

@@ -31,6 +31,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -73,6 +74,12 @@ const (
 type Options struct {
 	// Port is the UDP port probes are answered on and sent from.
 	Port int
+	// Device, when set, binds the socket to the underlay interface
+	// (SO_BINDTODEVICE): probes then take the underlay route even where
+	// the target's address is routed into the mesh (a member of another
+	// location is reachable through its leader too), so they test the
+	// underlay path and nothing else.
+	Device string
 	// Interval between two probes of a target (default 500 ms).
 	Interval time.Duration
 	// DownAfter is how long an Up target may stay silent before it is Down
@@ -229,12 +236,28 @@ func decode(b []byte) (kind byte, seq uint64, ok bool) {
 // Run answers and sends probes until ctx ends. It fails only if the port
 // cannot be bound.
 func (p *Prober) Run(ctx context.Context) error {
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{Port: p.o.Port})
+	lc := net.ListenConfig{}
+	if dev := p.o.Device; dev != "" {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptString(int(fd), syscall.SOL_SOCKET, syscall.SO_BINDTODEVICE, dev)
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("binding to device %s: %w", dev, serr)
+			}
+			return nil
+		}
+	}
+	pc, err := lc.ListenPacket(context.Background(), "udp", fmt.Sprintf(":%d", p.o.Port))
 	if err != nil {
 		return fmt.Errorf("probe: listening on UDP port %d: %w", p.o.Port, err)
 	}
+	conn := pc.(*net.UDPConn)
 	defer conn.Close()
-	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "interval", p.o.Interval, "down-after", p.o.DownAfter)
+	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "device", p.o.Device, "interval", p.o.Interval, "down-after", p.o.DownAfter)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); p.receive(ctx, conn) }()
