@@ -143,8 +143,9 @@ func (d *daemon) setupFailover() error {
 	d.probeChanged = make(chan struct{}, 1)
 	health := &forwardingHealth{}
 	p, err := probe.New(probe.Options{
-		Port:    d.cfg.ProbePort,
-		Device:  d.rec.facts.iface,
+		Port: d.cfg.ProbePort,
+		// Probes skip meshd's table: they test the underlay path.
+		Mark: probe.DefaultMark, RulePriority: d.rec.opts.RulePriority - 1,
 		Healthy: health.Healthy,
 		OnChange: func() {
 			select {

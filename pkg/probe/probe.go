@@ -74,12 +74,15 @@ const (
 type Options struct {
 	// Port is the UDP port probes are answered on and sent from.
 	Port int
-	// Device, when set, binds the socket to the underlay interface
-	// (SO_BINDTODEVICE): probes then take the underlay route even where
-	// the target's address is routed into the mesh (a member of another
-	// location is reachable through its leader too), so they test the
-	// underlay path and nothing else.
-	Device string
+	// Mark, when set, marks every probe packet (SO_MARK) and Run adds the
+	// policy rule "fwmark Mark lookup main" at RulePriority (before meshd's
+	// own rule): probes then take the underlay path even where the target's
+	// address is routed into the mesh (a member of another location is
+	// reachable through its leader too; a non-leader reaches other
+	// locations through its own leader), so they test the node and the
+	// underlay between the two, nothing else.
+	Mark         uint32
+	RulePriority int
 	// Interval between two probes of a target (default 500 ms).
 	Interval time.Duration
 	// DownAfter is how long an Up target may stay silent before it is Down
@@ -136,6 +139,9 @@ func New(o Options) (*Prober, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Mark != 0 && (o.RulePriority < 1 || o.RulePriority > 32765) {
+		return nil, fmt.Errorf("probe rule priority %d: want 1-32765 (before the main table)", o.RulePriority)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -237,16 +243,19 @@ func decode(b []byte) (kind byte, seq uint64, ok bool) {
 // cannot be bound.
 func (p *Prober) Run(ctx context.Context) error {
 	lc := net.ListenConfig{}
-	if dev := p.o.Device; dev != "" {
+	if mark := p.o.Mark; mark != 0 {
+		if err := ensureBypass(mark, p.o.RulePriority); err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
 		lc.Control = func(_, _ string, c syscall.RawConn) error {
 			var serr error
 			if err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptString(int(fd), syscall.SOL_SOCKET, syscall.SO_BINDTODEVICE, dev)
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, int(mark))
 			}); err != nil {
 				return err
 			}
 			if serr != nil {
-				return fmt.Errorf("binding to device %s: %w", dev, serr)
+				return fmt.Errorf("marking the probe socket: %w", serr)
 			}
 			return nil
 		}
@@ -257,7 +266,7 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 	conn := pc.(*net.UDPConn)
 	defer conn.Close()
-	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "device", p.o.Device, "interval", p.o.Interval, "down-after", p.o.DownAfter)
+	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "mark", fmt.Sprintf("%#x", p.o.Mark), "interval", p.o.Interval, "down-after", p.o.DownAfter)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); p.receive(ctx, conn) }()
