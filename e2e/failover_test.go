@@ -94,10 +94,20 @@ func setLink(ctx context.Context, n *testbed.Node, up bool) error {
 	return nil
 }
 
-// leads reports whether n is its location's leader as seen on n: it has
-// WireGuard peers (in a two-location mesh, the other leader).
+// leads reports whether n is its location's leader as seen on n: it has a
+// WireGuard peer with allowed IPs (a standby peer, kept ahead of a
+// takeover, has none).
 func (s *scenario) leads(n *testbed.Node) bool {
-	return s.wgPeerCount(n) > 0
+	d, err := n.WG(s.ctx, "meshd0")
+	if err != nil {
+		return false
+	}
+	for _, p := range d.Peers {
+		if len(p.AllowedIPs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func median(ds []time.Duration) time.Duration {

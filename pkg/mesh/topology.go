@@ -35,6 +35,9 @@ type Segment struct {
 
 	leader   int // index of the leader in Topology.members
 	mlo, mhi int // members are Topology.order[mlo:mhi]
+	// standby is the settling member that will lead once settled (-1:
+	// none); see Standby.
+	standby int
 }
 
 // Topology is the mesh as seen from one node: segments with their leaders,
@@ -426,6 +429,7 @@ func (t *Topology) electLeaders(nodes []Node) {
 			}
 		}
 		seg.leader = best
+		seg.standby = t.standbyOf(seg, better)
 		ln := t.members[best].n
 		seg.Leader = ln.Name
 		seg.PublicKey = ln.PublicKey
@@ -437,6 +441,47 @@ func (t *Topology) electLeaders(nodes []Node) {
 			}
 		}
 	}
+}
+
+// standbyOf returns the member that leads seg once the settling ones have
+// settled, if that is not its leader now: a live, settling member with a
+// key. -1 if none.
+func (t *Topology) standbyOf(seg *Segment, better func(a, b *member) bool) int {
+	var zero wgtypes.Key
+	best := -1
+	for _, i := range t.order[seg.mlo:seg.mhi] {
+		m := t.members[i]
+		m.settling = false
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := t.members[best]
+		b.settling = false
+		if better(&m, &b) {
+			best = i
+		}
+	}
+	if best < 0 || best == seg.leader {
+		return -1
+	}
+	if m := &t.members[best]; !m.live || !m.settling || m.n.PublicKey == zero {
+		return -1
+	}
+	return best
+}
+
+// Standby returns the node of a location that will take its leadership over
+// once it has settled (Local.Settling), if any. Leaders peer with it ahead
+// of time, without allowed IPs, so the takeover moves allowed IPs only and
+// needs no new handshake.
+func (t *Topology) Standby(location string) (string, bool) {
+	for s := range t.Segments {
+		if seg := &t.Segments[s]; seg.Location == location && seg.standby >= 0 {
+			return t.members[seg.standby].n.Name, true
+		}
+	}
+	return "", false
 }
 
 func normEndpoint(e Endpoint) Endpoint {
@@ -547,6 +592,9 @@ func (t *Topology) endpoints(ps []Peer) endpointSet {
 	}
 	for s := range t.Segments {
 		add(t.Segments[s].Endpoint.Addr)
+		if sb := t.Segments[s].standby; sb >= 0 {
+			add(normEndpoint(t.members[sb].n.Endpoint).Addr)
+		}
 	}
 	for i := range ps {
 		add(ps[i].Endpoint.Addr)
