@@ -303,3 +303,149 @@ func (s *scenario) idleWrites(nodes int, d time.Duration) {
 		s.t.Errorf("idle Lease writes: %d in %s for %d nodes (%.2f per node per 10 s), want at most %d (one per node per 10 s)", leases, d, nodes, per10s(leases), limit)
 	}
 }
+
+// TestFailoverLinkedCluster: two clusters linked with `meshctl link`, one
+// location of two nodes each. The leader of cluster 2's location is
+// SIGKILLed and cut off; cluster 1 judges cluster 2's nodes from cluster
+// 2's own Leases and probe reports (the link reader may read Leases now),
+// so its leader peers with the new one: cross-cluster traffic is back
+// within the budget of a location failover (10 s).
+func TestFailoverLinkedCluster(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	b := s.twoClusters(false)
+	s.link(b)
+	s.crossPing(b, 60*time.Second)
+	l2 := s.leaderOf(b.two)
+	other := b.two[0]
+	if other == l2 {
+		other = b.two[1]
+	}
+	src := b.one[0]
+	if s.leaderOf(b.one) == src {
+		src = b.one[1] // from a non-leader: the traffic crosses both leaders
+	}
+	time.Sleep(3 * time.Second)
+	pr := s.startPing("ping-linked-failover", pod(src), pod(other), 40)
+	time.Sleep(2 * time.Second)
+	if err := l2.StopMeshd(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Logf("meshd on %s killed: %v", l2.Name, err)
+	}
+	if err := setLink(ctx, l2, false); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	s.eventually(30*time.Second, 100*time.Millisecond, "cross-cluster traffic back after cluster 2's leader died", func() error {
+		return pod(src).Ping(ctx, pod(other).IP, 1)
+	})
+	back := time.Since(t0)
+	time.Sleep(3 * time.Second)
+	pr.stop()
+	sent, lost, outage := s.pingResult(pr)
+	t.Logf("linked cluster: leader %s of cluster 2 SIGKILLed and cut off: cross-cluster outage %s (%d of %d pings lost; a probe ping answered after %s)",
+		l2.Name, outage, lost, sent, back.Round(100*time.Millisecond))
+	if outage > 10*time.Second {
+		t.Errorf("cross-cluster outage %s, want at most 10 s", outage)
+	}
+	if !s.leads(other) {
+		t.Errorf("%s does not lead cluster 2's location after %s died", other.Name, l2.Name)
+	}
+}
+
+// TestFailoverPartialPartition: location a (a1 the preferred leader, a2,
+// a3) and b (b1 the preferred leader, b2). First a1 is cut off from its own
+// location only (it still reaches b), then, healed, from the other location
+// only (it still reaches its own). Each time a2 takes over everywhere
+// within the failover budget and the leaders then stay put: no flapping,
+// no second leader.
+func TestFailoverPartialPartition(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	s.location("a", false)
+	s.location("b", false)
+	leader := map[string]string{"meshd.io/leader": "true"}
+	a1 := s.node(testbed.NodeOptions{Name: "a1", Location: "a", Annotations: leader})
+	a2 := s.node(testbed.NodeOptions{Name: "a2", Location: "a"})
+	a3 := s.node(testbed.NodeOptions{Name: "a3", Location: "a"})
+	b1 := s.node(testbed.NodeOptions{Name: "b1", Location: "b", Annotations: leader})
+	b2 := s.node(testbed.NodeOptions{Name: "b2", Location: "b"})
+	nodes := []*testbed.Node{a1, a2, a3, b1, b2}
+	s.startMeshd(nodes)
+	s.pingEventually(pod(a3), pod(b2).IP, 60*time.Second)
+	s.eventually(30*time.Second, 200*time.Millisecond, "a1 and b1 lead", func() error {
+		if !s.leads(a1) || !s.leads(b1) {
+			return fmt.Errorf("a1 leads %v, b1 leads %v", s.leads(a1), s.leads(b1))
+		}
+		return nil
+	})
+
+	// leaders returns which nodes lead, as each node sees itself.
+	leaders := func() string {
+		var out []string
+		for _, n := range nodes {
+			if s.leads(n) {
+				out = append(out, n.Name)
+			}
+		}
+		return fmt.Sprint(out)
+	}
+	cut := func(from *testbed.Node, peers []*testbed.Node, on bool) {
+		t.Helper()
+		op := "-I"
+		if !on {
+			op = "-D"
+		}
+		for _, p := range peers {
+			for _, c := range [][]string{
+				{"iptables", op, "INPUT", "-s", p.IP.String(), "-j", "DROP"},
+				{"iptables", op, "OUTPUT", "-d", p.IP.String(), "-j", "DROP"},
+				{"iptables", op, "FORWARD", "-s", p.IP.String(), "-j", "DROP"},
+				{"iptables", op, "FORWARD", "-d", p.IP.String(), "-j", "DROP"},
+			} {
+				if out, err := from.Exec(ctx, c...); err != nil {
+					t.Fatalf("%v: %v %s", c, err, out)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		peers []*testbed.Node
+	}{
+		{"a1 cut off from its own location", []*testbed.Node{a2, a3}},
+		{"a1 cut off from the other location", []*testbed.Node{b1, b2}},
+	} {
+		cut(a1, tc.peers, true)
+		t0 := time.Now()
+		s.eventually(30*time.Second, 100*time.Millisecond, tc.name+": a2 and b1 lead", func() error {
+			if got := leaders(); got != "[a2 b1]" {
+				return fmt.Errorf("leaders %s", got)
+			}
+			return pod(a3).Ping(ctx, pod(b2).IP, 1)
+		})
+		took := time.Since(t0)
+		// No flapping: 20 s with the same single leader per location.
+		changes := 0
+		last := leaders()
+		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+			if got := leaders(); got != last {
+				changes++
+				t.Errorf("%s: leaders changed from %s to %s", tc.name, last, got)
+				last = got
+			}
+		}
+		s.pingOK(pod(a3), pod(b2).IP, 3)
+		t.Logf("%s: converged on a2 in %s, %d leader changes in the next 20 s", tc.name, took.Round(100*time.Millisecond), changes)
+		if took > 10*time.Second {
+			t.Errorf("%s: converged after %s, want at most 10 s", tc.name, took)
+		}
+		cut(a1, tc.peers, false)
+		// a1 takes over again after --takeover-delay.
+		s.eventually(60*time.Second, 200*time.Millisecond, "a1 leads again after the partition healed", func() error {
+			if got := leaders(); got != "[a1 b1]" {
+				return fmt.Errorf("leaders %s", got)
+			}
+			return nil
+		})
+	}
+}
