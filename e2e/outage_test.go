@@ -40,9 +40,9 @@ type pinger struct {
 	p    *testbed.Proc
 }
 
-// pingProc starts `ping -i 0.1` for d through start (a pod's or an outside
+// startPingVia starts `ping -i 0.1` for d through start (a pod's or an outside
 // host's Start).
-func (s *scenario) startPing(name string, start func(string, ...string) (*testbed.Proc, error), dst string, d time.Duration) *pinger {
+func (s *scenario) startPingVia(name string, start func(string, ...string) (*testbed.Proc, error), dst string, d time.Duration) *pinger {
 	s.t.Helper()
 	p, err := start("ping-"+name, "ping", "-n", "-i", "0.1", "-W", "1", "-c", fmt.Sprint(int(d/(100*time.Millisecond))), dst)
 	if err != nil {
@@ -228,10 +228,10 @@ func TestOutageAPIServerHung(t *testing.T) {
 	lead, tail := 2*time.Second, 10*time.Second
 	window := lead + outage + tail
 	pings := []*pinger{
-		s.startPing("a2-b1", pod(a2).Start, pod(b1).IP.String(), window),    // across locations, via leader a1
-		s.startPing("laptop-a2", laptop.Start, pod(a2).IP.String(), window), // the Peer with a preshared key
-		s.startPing("b1-c1", pod(b1).Start, pod(c1).IP.String(), window),    // through the restarted node
-		s.startPing("c1-a2", pod(c1).Start, pod(a2).IP.String(), window),    // from the restarted node
+		s.startPingVia("a2-b1", pod(a2).Start, pod(b1).IP.String(), window),    // across locations, via leader a1
+		s.startPingVia("laptop-a2", laptop.Start, pod(a2).IP.String(), window), // the Peer with a preshared key
+		s.startPingVia("b1-c1", pod(b1).Start, pod(c1).IP.String(), window),    // through the restarted node
+		s.startPingVia("c1-a2", pod(c1).Start, pod(a2).IP.String(), window),    // from the restarted node
 	}
 	time.Sleep(lead)
 	t0 := time.Now()
@@ -309,8 +309,8 @@ func TestOutageLinkedClusterRestart(t *testing.T) {
 	time.Sleep(3 * time.Second) // the link's state persisted
 
 	const window = 30 * time.Second
-	pg := s.startPing("c1-c2", pod(b.one[0]).Start, pod(b.two[0]).IP.String(), window)
-	back := s.startPing("c2-c1", pod(b.two[1]).Start, pod(b.one[1]).IP.String(), window)
+	pg := s.startPingVia("c1-c2", pod(b.one[0]).Start, pod(b.two[0]).IP.String(), window)
+	back := s.startPingVia("c2-c1", pod(b.two[1]).Start, pod(b.one[1]).IP.String(), window)
 	time.Sleep(2 * time.Second)
 	s.hang(b.c2.APIServerProc(), "cluster 2's kube-apiserver")
 	time.Sleep(3 * time.Second)

@@ -40,6 +40,9 @@ type config struct {
 	CleanupOnExit  bool
 	IPTablesMode   string
 	ClusterLinks   bool
+	// Leader failover (see failover.go).
+	ProbePort     int
+	TakeoverDelay time.Duration
 }
 
 // defaultHostname is $NODE_NAME, then the host name.
@@ -76,6 +79,8 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", false, "remove the interface, routes, rules and iptables chains on exit (default: leave them so traffic keeps flowing across restarts)")
 	fs.StringVar(&c.IPTablesMode, "iptables-backend", "", "iptables binaries to use: empty (the system default), nft or legacy")
 	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link` (link Secrets labelled meshd.io/cluster-link=true in --lease-namespace)")
+	fs.IntVar(&c.ProbePort, "probe-port", 51821, "UDP port of the data-plane probes between nodes (leader failover within seconds: a leader that stops answering its location or the other locations is replaced); the same on every node; 0 turns probing off (failover by --lease-duration only)")
+	fs.DurationVar(&c.TakeoverDelay, "takeover-delay", 30*time.Second, "how long a node that came back (Lease renewed, probes answered) must stay healthy before it takes its location's leadership back")
 	return fs
 }
 
@@ -126,6 +131,12 @@ func (c *config) options() (mesh.Options, error) {
 	}
 	if _, err := c.mtu(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.ProbePort < 0 || c.ProbePort > 65535 || (c.ProbePort != 0 && c.ProbePort == c.Port) {
+		errs = append(errs, fmt.Errorf("--probe-port %d: want 0 (off) or 1-65535, not the WireGuard --port", c.ProbePort))
+	}
+	if c.TakeoverDelay < 0 {
+		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))
 	}
 	if c.ResyncPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--resync-period %s: must be positive", c.ResyncPeriod))

@@ -26,6 +26,7 @@ import (
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -54,6 +55,9 @@ type daemon struct {
 	device               *device
 	links                *k8s.LinkWatcher
 	stopEvents           func() // flushes and stops the Event broadcaster
+	// prober and probeChanged: the data-plane failover signal (failover.go).
+	prober       *probe.Prober
+	probeChanged chan struct{}
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -149,9 +153,14 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	r.secrets = k8s.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
 	d.dns = k8s.NewResolver(k8s.ResolverOptions{OnChange: d.enqueue, Logger: log})
 	r.dns = d.dns.Lookup
+	if err := d.setupFailover(); err != nil {
+		dev.Close()
+		return nil, err
+	}
 	if c.ClusterLinks {
 		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
 		r.links = d.links
+		r.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
 	}
 	return d, nil
 }
@@ -195,7 +204,8 @@ func nodeChanged(old, cur *corev1.Node) bool {
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 	observe := func(obj any) {
 		if l, ok := obj.(*coordinationv1.Lease); ok {
-			if _, mine := k8s.NodeNameFromLease(l); mine && d.rec.liveness.Observe(l) {
+			// A renewal that changes no liveness decision plans nothing.
+			if _, mine := k8s.NodeNameFromLease(l); mine && d.rec.liveness.Observe(l) && d.rec.liveness.Changed() {
 				d.enqueue()
 			}
 		}
@@ -296,12 +306,16 @@ func (d *daemon) Run(ctx context.Context) error {
 	if d.links != nil { // linked clusters
 		lctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return d.links.Run(lctx) }, func(error) { cancel() })
+		llctx, llcancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.rec.linkLive.Run(llctx) }, func(error) { llcancel() })
 	}
 	{ // liveness heartbeat
 		hctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			return k8s.RunHeartbeat(hctx, d.kube.Kube, d.cfg.LeaseNamespace, d.cfg.Hostname, d.cfg.LeaseDuration/4, d.log)
-		}, func(error) { cancel() })
+		g.Add(func() error { return d.runHeartbeat(hctx) }, func(error) { cancel() })
+	}
+	if d.prober != nil { // data-plane probes
+		pctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return d.prober.Run(pctx) }, func(error) { cancel() })
 	}
 	{ // HTTP: metrics and probes
 		srv := &http.Server{Addr: d.cfg.Listen, Handler: d.mux(), ReadHeaderTimeout: 5 * time.Second}
@@ -359,8 +373,9 @@ func (d *daemon) work(ctx context.Context) error {
 	}
 }
 
-// tick enqueues a full reconcile every resync period and when a node's
-// liveness is due to expire.
+// tick enqueues a full reconcile every resync period and when a liveness
+// decision changes by the clock alone (a Lease expiring, a recovered node
+// done settling), at that moment.
 func (d *daemon) tick(ctx context.Context) {
 	resync := time.NewTicker(d.cfg.ResyncPeriod)
 	defer resync.Stop()
@@ -373,10 +388,10 @@ func (d *daemon) tick(ctx context.Context) {
 		case <-resync.C:
 			d.enqueue()
 		case <-expiry.C:
-			if d.rec.liveness.Expired() {
+			if d.livenessChanged() {
 				d.enqueue()
 			}
-			expiry.Reset(time.Second)
+			expiry.Reset(d.nextLivenessCheck())
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -49,6 +50,8 @@ type (
 		Snapshot() []k8s.RemoteCluster
 		Listed() bool
 	}
+	// probeSetter takes the data-plane probe targets (failover.go).
+	probeSetter interface{ SetTargets([]probe.Target) bool }
 )
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
@@ -69,9 +72,14 @@ type reconciler struct {
 	kube     kubernetes.Interface
 	events   record.EventRecorder
 	liveness *k8s.Liveness
+	// prober, when set, gets the probe targets of every plan (failover.go).
+	prober    probeSetter
+	probePort int
 
 	nodeLister, peerLister lister
 	links                  linkSource
+	// linkLive judges linked clusters' nodes from their Leases (nil: all live).
+	linkLive *k8s.LinkLiveness
 
 	device     wgDevice
 	routes     routeSetter
@@ -179,10 +187,14 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return err
 	}
 	peers = append(peers, r.remotePeers(nodes)...)
-	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
+	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
+	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
 		return fmt.Errorf("planning: %w", err)
+	}
+	if r.prober != nil {
+		r.prober.SetTargets(probeTargets(nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
 	}
 	for _, w := range plan.Warnings {
 		r.log.Warn("plan", "warning", w)
@@ -316,6 +328,9 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		return peers
 	}
 	remotes := r.links.Snapshot()
+	if r.linkLive != nil {
+		r.linkLive.Sync(remotes)
+	}
 	local := k8s.LocalRanges(r.opts, nodes)
 	var peers []mesh.Peer
 	stale := 0
@@ -341,7 +356,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			}
 			continue
 		}
-		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
+		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, local, r.linkJudge(rc))
 		r.report(rc.Secret, id, "RangeOverlap", problems)
 		r.linkPeers[name] = ps
 		peers = append(peers, ps...)

@@ -2,8 +2,9 @@
 // into the planner's mesh.Node and mesh.Peer (tolerating and reporting
 // malformed annotations), publishes the annotations meshd owns on its Node,
 // keeps the per-node heartbeat Lease and judges other nodes' liveness from
-// when this process observed their leases change (never from remote clocks),
-// and builds the clients, informers and event recorder the daemon uses.
+// when this process observed their leases change (remote clocks are read
+// once, on first sight, to tell a long-dead node's stale Lease from a fresh
+// one: clocks must agree to well within --lease-duration), and builds the clients, informers and event recorder the daemon uses.
 //
 // The Peer API types live in pkg/k8s/apis/meshd/v1alpha1 and the generated
 // clientset, listers and informers in pkg/k8s/client; run

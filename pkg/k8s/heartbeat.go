@@ -51,45 +51,115 @@ func NodeNameFromLease(l *coordinationv1.Lease) (node string, ok bool) {
 // Lease change (see Liveness), so the renew times need not agree with their
 // clocks.
 func RunHeartbeat(ctx context.Context, c kubernetes.Interface, namespace, nodeName string, interval time.Duration, log *slog.Logger) error {
-	if nodeName == "" {
+	return RunHeartbeatWith(ctx, c, HeartbeatOptions{Namespace: namespace, Node: nodeName, Interval: interval, Logger: log})
+}
+
+// HeartbeatOptions configure RunHeartbeatWith.
+type HeartbeatOptions struct {
+	Namespace, Node string
+	Interval        time.Duration
+	Logger          *slog.Logger
+	// Report, when set, is this node's data-plane probe report, published
+	// on the Lease (AnnotationProbeUp/Down) with every renewal.
+	Report func() Report
+	// Trigger asks for a write now (the report changed); writes it causes
+	// are at least MinGap apart (default 200 ms). A renewal due at the
+	// interval is written as always: at idle the write rate stays one per
+	// interval.
+	Trigger <-chan struct{}
+	MinGap  time.Duration
+	// Result, when set, is called after every write attempt with its error
+	// (nil: the API server took it). Liveness.SetAPIReachable uses it.
+	Result func(error)
+}
+
+// RunHeartbeatWith is RunHeartbeat with a probe report and write triggers.
+// Every write is bounded by the interval, so a hung API server shows as a
+// failed renewal, not as a stuck heartbeat.
+func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOptions) error {
+	if o.Node == "" {
 		return errors.New("running the heartbeat: empty node name")
 	}
-	if namespace == "" {
-		namespace = DefaultNamespace
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
 	}
-	if interval <= 0 {
-		interval = DefaultHeartbeatInterval
+	if o.Interval <= 0 {
+		o.Interval = DefaultHeartbeatInterval
 	}
+	if o.MinGap <= 0 {
+		o.MinGap = 200 * time.Millisecond
+	}
+	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("lease", namespace+"/"+LeaseName(nodeName))
-	h := &heartbeat{c: c, namespace: namespace, node: nodeName, interval: interval}
-	t := time.NewTicker(interval)
+	namespace := o.Namespace
+	log = log.With("lease", namespace+"/"+LeaseName(o.Node))
+	h := &heartbeat{c: c, namespace: namespace, node: o.Node, interval: o.Interval, report: o.Report}
+	t := time.NewTimer(o.Interval)
 	defer t.Stop()
 	failing := false
+	var last time.Time
 	for {
-		if err := h.renew(ctx, time.Now()); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		wctx, cancel := context.WithTimeout(ctx, o.Interval)
+		err := h.renew(wctx, time.Now())
+		cancel()
+		last = time.Now()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if o.Result != nil {
+			o.Result(err)
+		}
+		if err != nil {
 			failing = true
 			if apierrors.IsNotFound(err) && h.lease == nil {
 				log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
-					"namespace", namespace, "retry", interval, "error", err)
+					"namespace", namespace, "retry", o.Interval, "error", err)
 			} else {
-				log.Error("renewing the heartbeat Lease failed; retrying", "retry", interval, "error", err)
+				log.Error("renewing the heartbeat Lease failed; retrying", "retry", o.Interval, "error", err)
 			}
 		} else if failing {
 			failing = false
 			log.Info("heartbeat Lease renewed again")
 		}
-		select {
-		case <-ctx.Done():
+		if !h.waitNext(ctx, t, last, o) {
 			return nil
-		case <-t.C:
 		}
 	}
+}
+
+// waitNext waits until the next write is due: the interval after last, or
+// a trigger with something new to publish (at least MinGap after last). It
+// returns false when ctx ends.
+func (h *heartbeat) waitNext(ctx context.Context, t *time.Timer, last time.Time, o HeartbeatOptions) bool {
+	for {
+		t.Reset(time.Until(last.Add(o.Interval)))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-o.Trigger:
+			t.Stop()
+			if gap := time.Until(last.Add(o.MinGap)); gap > 0 {
+				select {
+				case <-ctx.Done():
+					return false
+				case <-time.After(gap):
+				}
+			}
+			if h.lease == nil || h.report == nil || !reportWritten(h.lease, h.report()) {
+				return true
+			}
+			// Nothing new to say: keep the interval.
+		}
+	}
+}
+
+// reportWritten reports whether l already carries r.
+func reportWritten(l *coordinationv1.Lease, r Report) bool {
+	return ReportFromLease(l).equal(r)
 }
 
 type heartbeat struct {
@@ -97,6 +167,7 @@ type heartbeat struct {
 	namespace string
 	node      string
 	interval  time.Duration
+	report    func() Report         // nil: no probe report
 	lease     *coordinationv1.Lease // last written, nil when unknown
 }
 
@@ -151,5 +222,17 @@ func (h *heartbeat) build(l *coordinationv1.Lease, now time.Time) *coordinationv
 	l.Spec.HolderIdentity = &holder
 	l.Spec.LeaseDurationSeconds = &dur
 	l.Spec.RenewTime = &mt
+	if h.report != nil {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		for k, v := range ReportAnnotations(h.report()) {
+			if v == "" {
+				delete(l.Annotations, k)
+			} else {
+				l.Annotations[k] = v
+			}
+		}
+	}
 	return l
 }

@@ -136,28 +136,45 @@ func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
 // location leader of the remote mesh, with everything routed through it. The
 // remote service CIDRs go to the first leader only (WireGuard routes one
 // prefix to one peer). Prefixes overlapping local (the local cluster's pod,
-// mesh and service ranges) are dropped and reported, never routed.
+// mesh and service ranges) are dropped and reported, never routed. Every
+// remote node counts as live; see RemotePeersLive.
 func RemotePeers(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix) (peers []mesh.Peer, problems []error) {
+	return RemotePeersLive(ls, nodes, local, nil)
+}
+
+// RemoteJudge returns the liveness decision of a linked cluster's nodes,
+// given each node's location key (see LocationKeys); nil judges every node
+// live.
+type RemoteJudge func(location map[string]string) Decision
+
+// RemotePeersLive is RemotePeers with the linked cluster's leaders elected
+// the way its own nodes elect them (judge: from its Leases and probe
+// reports), so a dead remote leader is replaced; the service CIDRs go to the
+// first live leader.
+func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix, judge RemoteJudge) (peers []mesh.Peer, problems []error) {
 	mnodes := make([]mesh.Node, 0, len(nodes))
 	for _, n := range nodes {
 		mn, _ := NodeFromObject(n, ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		mnodes = append(mnodes, mn)
 	}
-	topo, err := mesh.NewTopology(mnodes, nil, mesh.Local{}, mesh.Options{
+	rl := remoteLocal(mnodes, ls.Granularity, judge)
+	topo, err := mesh.NewTopology(mnodes, nil, rl, mesh.Options{
 		Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
 	})
 	if err != nil {
 		return nil, []error{fmt.Errorf("computing cluster %s's topology: %w", ls.Name, err)}
 	}
 	services := slices.Clone(ls.ServiceCIDRs)
-	for _, seg := range topo.Segments {
+	svc := serviceSegment(topo, rl.Live)
+	for i, seg := range topo.Segments {
 		p, ok := topo.SegmentAsPeer(seg.Leader)
 		if !ok {
 			continue
 		}
 		p.Name = "cluster-" + ls.Name + "-" + seg.Leader
-		p.AllowedIPs = append(p.AllowedIPs, services...)
-		services = nil
+		if i == svc {
+			p.AllowedIPs = append(p.AllowedIPs, services...)
+		}
 		kept := p.AllowedIPs[:0]
 		for _, a := range p.AllowedIPs {
 			if l, bad := overlapping(a, local); bad {
@@ -172,6 +189,34 @@ func RemotePeers(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix) (p
 		}
 	}
 	return peers, problems
+}
+
+// remoteLocal is the planner's view of a linked cluster's liveness.
+func remoteLocal(nodes []mesh.Node, g mesh.Granularity, judge RemoteJudge) mesh.Local {
+	if judge == nil {
+		return mesh.Local{}
+	}
+	d := judge(LocationKeys(nodes, g))
+	return mesh.Local{Live: d.Live, Settling: d.Settling}
+}
+
+// serviceSegment picks the segment whose leader carries a linked cluster's
+// service CIDRs: the first with a leader that can be a peer (and, with
+// liveness known, is live), else the first that can be a peer; -1 if none.
+func serviceSegment(topo *mesh.Topology, live map[string]bool) int {
+	first := -1
+	for i, seg := range topo.Segments {
+		if _, ok := topo.SegmentAsPeer(seg.Leader); !ok {
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		if live == nil || live[seg.Leader] {
+			return i
+		}
+	}
+	return first
 }
 
 func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
@@ -215,6 +260,8 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 			{APIGroups: []string{""}, Resources: []string{"nodes", "services"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceexports"}, Verbs: []string{"get", "list", "watch"}},
+			// Heartbeat Leases: the linked cluster's leaders fail over (LinkLiveness).
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch"}},
 		},
 	}
 	if _, err := k.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {

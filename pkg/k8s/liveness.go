@@ -2,45 +2,187 @@ package k8s
 
 import (
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 )
 
-// Liveness judges which nodes are alive from when THIS process observed
-// their heartbeat Leases change. It never compares a Lease's renewTime with
-// the local clock, so nodes need not have synchronized clocks: a node is live
-// while the last change of its Lease (a new resourceVersion or renewTime),
-// timed by the local clock, is younger than the timeout. A Lease seen for
-// the first time counts as a change. Safe for concurrent use.
+// Annotations on a heartbeat Lease: the data-plane probe results its node
+// publishes (see pkg/probe). Both are comma separated node names, sorted;
+// nodes the node never heard from are in neither.
+const (
+	// AnnotationProbeUp lists the nodes that answer this node's probes.
+	AnnotationProbeUp = AnnotationPrefix + "probe-up"
+	// AnnotationProbeDown lists the nodes that answered before and stopped.
+	AnnotationProbeDown = AnnotationPrefix + "probe-down"
+)
+
+// Report is what one node says about the others it probes.
+type Report struct {
+	Up, Down []string
+}
+
+// ReportFromLease reads the probe results published on a heartbeat Lease.
+func ReportFromLease(l *coordinationv1.Lease) Report {
+	return Report{Up: splitList(l.Annotations[AnnotationProbeUp]), Down: splitList(l.Annotations[AnnotationProbeDown])}
+}
+
+func (r Report) equal(o Report) bool {
+	return slices.Equal(r.Up, o.Up) && slices.Equal(r.Down, o.Down)
+}
+
+// Judge decides which nodes can carry traffic. It is pure: every node
+// computes it from the same published data (Leases and the probe reports in
+// them), so all nodes agree on the leaders.
+//
+// A node is live when its Lease is live (leaseLive: alive at the API) and it
+// is not voted down by the data plane: among the lease-live nodes that
+// report on it (other than itself), neither those of its own location nor
+// those of other locations have a strict majority saying Down. Its own
+// location counts apart because a leader must reach its members (a leader
+// cut off from its own location forwards nothing for it, however well the
+// other locations reach it), and the other locations apart because a leader
+// must reach them too. A tie keeps the node live, and a node nobody reports
+// on is judged by its Lease alone. location maps node names to a location
+// key; nodes missing from it count as in a location of their own.
+func Judge(leaseLive map[string]bool, reports map[string]Report, location map[string]string) map[string]bool {
+	type tally struct{ ownUp, ownDown, remUp, remDown int }
+	votes := make(map[string]*tally, len(leaseLive))
+	loc := func(n string) (string, bool) { l, ok := location[n]; return l, ok && l != "" }
+	count := func(reporter, subject string, down bool) {
+		if reporter == subject || !leaseLive[subject] {
+			return
+		}
+		t := votes[subject]
+		if t == nil {
+			t = &tally{}
+			votes[subject] = t
+		}
+		lr, okr := loc(reporter)
+		ls, oks := loc(subject)
+		own := okr && oks && lr == ls
+		switch {
+		case own && down:
+			t.ownDown++
+		case own:
+			t.ownUp++
+		case down:
+			t.remDown++
+		default:
+			t.remUp++
+		}
+	}
+	for r, rep := range reports {
+		if !leaseLive[r] {
+			continue // a dead node's last words do not count
+		}
+		for _, s := range rep.Up {
+			count(r, s, false)
+		}
+		for _, s := range rep.Down {
+			count(r, s, true)
+		}
+	}
+	out := make(map[string]bool, len(leaseLive))
+	for n, live := range leaseLive {
+		if t := votes[n]; live && t != nil {
+			live = !(2*t.ownDown > t.ownDown+t.ownUp || 2*t.remDown > t.remDown+t.remUp)
+		}
+		out[n] = live
+	}
+	return out
+}
+
+// Decision is what the planner gets (mesh.Local's Live and Settling).
+type Decision struct {
+	// Live says which nodes can carry traffic (Judge).
+	Live map[string]bool
+	// Settling are live nodes that became live less than the takeover delay
+	// ago: they lead only where no settled node can.
+	Settling map[string]bool
+}
+
+func (d Decision) equal(o Decision) bool {
+	return maps.Equal(d.Live, o.Live) && maps.Equal(d.Settling, o.Settling)
+}
+
+// Liveness judges which nodes are alive, from two signals: the node's
+// heartbeat Lease (alive at the API server) and the data-plane probe reports
+// the nodes publish in their Leases (forwarding, see Judge).
+//
+// Leases: a node is lease-live while the last change of its Lease (a new
+// resourceVersion or renewTime), timed by the local clock when THIS process
+// observed it, is younger than the timeout. Later changes never compare a
+// remote renewTime with the local clock.
+//
+// A Lease seen for the first time (after a restart of this process) is the
+// one exception: it counts as a change only if its renewTime is younger than
+// the timeout by the local clock. A Lease already stale on first sight is
+// dead until it changes, so a long-dead node is not picked as a leader again
+// after a restart. This assumes the nodes' clocks agree to well within the
+// timeout (NTP; the kubelet's node Lease makes the same assumption): a node
+// whose clock runs behind by more than the timeout minus its renew interval
+// looks dead to a freshly started meshd until its next renewal, then live. A
+// Lease without a renewTime is judged by its first sight alone.
+//
+// While the API server is unreachable (SetAPIReachable(false)), lease ages
+// stop: losing sight of everyone is not everyone dying. When it answers
+// again, every Lease gets back the time it had left.
+//
+// Hysteresis: a node that becomes live (back from dead, or voted up again)
+// is Settling for the takeover delay, and leads only where no settled node
+// can; so a recovered preferred leader takes over after it has been healthy
+// for that long, not at its first sign of life. Nodes live when this process
+// starts are settled at once. Safe for concurrent use.
 type Liveness struct {
-	mu      sync.Mutex
-	timeout time.Duration
-	now     func() time.Time
-	seen    map[string]observation
-	// lastLive is the live set returned by the last Live call.
-	lastLive map[string]bool
+	mu       sync.Mutex
+	timeout  time.Duration
+	takeover time.Duration
+	now      func() time.Time
+	start    time.Time
+	seen     map[string]observation
+	frozenAt time.Time // non-zero while the API server is unreachable
+	location map[string]string
+	// since is when each live node became live; judged marks the nodes
+	// evaluated at least once.
+	since  map[string]time.Time
+	judged map[string]bool
+	// last is the decision returned by the last Decide call.
+	last Decision
 }
 
 type observation struct {
 	resourceVersion string
-	renewTime       time.Time // the remote timestamp, only compared for equality
+	renewTime       time.Time // the remote timestamp, only compared for equality (and on first sight)
 	at              time.Time // local time of the last observed change
+	report          Report
 }
 
-// NewLiveness returns a Liveness with the given timeout; now is the local
-// clock (time.Now in production).
+// NewLiveness returns a Liveness with the given timeout and no takeover
+// delay; now is the local clock (time.Now in production).
 func NewLiveness(timeout time.Duration, now func() time.Time) *Liveness {
 	if now == nil {
 		now = time.Now
 	}
-	return &Liveness{timeout: timeout, now: now, seen: map[string]observation{}}
+	return &Liveness{timeout: timeout, now: now, start: now(), seen: map[string]observation{},
+		since: map[string]time.Time{}, judged: map[string]bool{}}
+}
+
+// SetTakeoverDelay sets how long a node that became live stays Settling.
+func (l *Liveness) SetTakeoverDelay(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.takeover = d
 }
 
 // Observe records a heartbeat Lease (from an informer's add or update). It
-// reports whether the Lease changed since last observed (always true the
-// first time). Leases that are not meshd heartbeats are ignored.
+// reports whether the observation may change a decision: a Lease seen for
+// the first time, a change of a lease-dead node, or a new probe report. A
+// renewal of a live node that reports what it reported before is not one.
+// Leases that are not meshd heartbeats are ignored.
 func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 	node, ok := NodeNameFromLease(lease)
 	if !ok {
@@ -50,14 +192,21 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 	if lease.Spec.RenewTime != nil {
 		renew = lease.Spec.RenewTime.Time
 	}
+	report := ReportFromLease(lease)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	prev, known := l.seen[node]
 	if known && prev.resourceVersion == lease.ResourceVersion && prev.renewTime.Equal(renew) {
 		return false
 	}
-	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: l.now()}
-	return true
+	now := l.now()
+	at := now
+	if !known && !renew.IsZero() && now.Sub(renew) >= l.timeout {
+		// Stale on first sight: dead until it changes (see the type doc).
+		at = now.Add(-l.timeout)
+	}
+	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, report: report}
+	return !known || !l.leaseLive(prev, now) || !prev.report.equal(report)
 }
 
 // Forget drops a node (its Lease or Node was deleted).
@@ -65,58 +214,126 @@ func (l *Liveness) Forget(nodeName string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.seen, nodeName)
+	delete(l.since, nodeName)
+	delete(l.judged, nodeName)
 }
 
-// Live returns every node whose Lease was ever observed, mapped to whether a
-// change was observed within the timeout. Nodes never observed are absent.
-func (l *Liveness) Live() map[string]bool {
+// SetAPIReachable tells whether this node can reach the API server (its own
+// heartbeat renewal succeeded). While it cannot, lease ages are frozen.
+// It reports whether the state changed.
+func (l *Liveness) SetAPIReachable(ok bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
-	out := make(map[string]bool, len(l.seen))
-	for n, o := range l.seen {
-		out[n] = l.live(o, now)
+	switch {
+	case !ok && l.frozenAt.IsZero():
+		l.frozenAt = now
+		return true
+	case ok && !l.frozenAt.IsZero():
+		d := now.Sub(l.frozenAt)
+		for n, o := range l.seen {
+			o.at = o.at.Add(d)
+			l.seen[n] = o
+		}
+		l.frozenAt = time.Time{}
+		return true
 	}
-	l.lastLive = out
-	return maps.Clone(out)
+	return false
 }
 
-func (l *Liveness) live(o observation, now time.Time) bool {
+// leaseLive: the Lease changed within the timeout (ages frozen while the
+// API server is unreachable).
+func (l *Liveness) leaseLive(o observation, now time.Time) bool {
+	if !l.frozenAt.IsZero() {
+		now = l.frozenAt
+	}
 	return now.Sub(o.at) < l.timeout
 }
 
-// NextExpiry returns when the next currently live node stops being live
-// (absent further changes), so the caller can reconcile then; ok is false
-// when no node is live.
-func (l *Liveness) NextExpiry() (t time.Time, ok bool) {
+// Decide returns the current decision for nodes in the given locations
+// (node name to location key, see Judge) and remembers it as the one the
+// plan uses (see Changed). Nodes whose Lease was never observed are absent.
+func (l *Liveness) Decide(location map[string]string) Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.location = location
+	d := l.evaluate(l.now())
+	l.last = d
+	return Decision{Live: maps.Clone(d.Live), Settling: maps.Clone(d.Settling)}
+}
+
+// Live returns Decide's Live with the last locations.
+func (l *Liveness) Live() map[string]bool {
+	l.mu.Lock()
+	loc := l.location
+	l.mu.Unlock()
+	return l.Decide(loc).Live
+}
+
+// Changed reports whether the decision now differs from the one the last
+// Decide returned: a node expired, was voted down or up, or finished
+// settling. The caller reconciles then.
+func (l *Liveness) Changed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.evaluate(l.now()).equal(l.last)
+}
+
+// NextChange returns when a decision is next due to change by the clock
+// alone (a Lease expiring, a node done settling); ok is false when none is.
+func (l *Liveness) NextChange() (t time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
-	for _, o := range l.seen {
-		if !l.live(o, now) {
-			continue
+	add := func(c time.Time) {
+		if c.After(now) && (!ok || c.Before(t)) {
+			t, ok = c, true
 		}
-		if exp := o.at.Add(l.timeout); !ok || exp.Before(t) {
-			t, ok = exp, true
+	}
+	if l.frozenAt.IsZero() {
+		for _, o := range l.seen {
+			add(o.at.Add(l.timeout))
 		}
+	}
+	for _, s := range l.since {
+		add(s.Add(l.takeover))
 	}
 	return t, ok
 }
 
-// Expired reports whether a node that the last Live call reported live has
-// since expired: the plan built from that Live result is stale. It keeps
-// reporting true until Live is called again.
-func (l *Liveness) Expired() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	for n, was := range l.lastLive {
-		if !was {
+// evaluate computes the decision at now and updates the settling state.
+func (l *Liveness) evaluate(now time.Time) Decision {
+	leaseLive := make(map[string]bool, len(l.seen))
+	reports := make(map[string]Report, len(l.seen))
+	for n, o := range l.seen {
+		leaseLive[n] = l.leaseLive(o, now)
+		reports[n] = o.report
+	}
+	live := Judge(leaseLive, reports, l.location)
+	d := Decision{Live: live, Settling: map[string]bool{}}
+	for n, ok := range live {
+		if !ok {
+			delete(l.since, n)
+			l.judged[n] = true
 			continue
 		}
-		if o, ok := l.seen[n]; ok && !l.live(o, now) {
-			return true
+		s, known := l.since[n]
+		if !known {
+			s = now
+			if !l.judged[n] && now.Sub(l.start) < l.timeout {
+				s = now.Add(-l.takeover) // live when this process started: settled
+			}
+			l.since[n] = s
+		}
+		l.judged[n] = true
+		if now.Sub(s) < l.takeover {
+			d.Settling[n] = true
 		}
 	}
-	return false
+	return d
+}
+
+// ReportAnnotations are the Lease annotations publishing a probe report.
+func ReportAnnotations(r Report) map[string]string {
+	return map[string]string{AnnotationProbeUp: strings.Join(r.Up, ","), AnnotationProbeDown: strings.Join(r.Down, ",")}
 }

@@ -37,15 +37,12 @@ func TestLiveness(t *testing.T) {
 	if got := l.Live(); len(got) != 0 {
 		t.Fatalf("empty Live() = %v", got)
 	}
-	if _, ok := l.NextExpiry(); ok {
-		t.Fatal("NextExpiry with no nodes")
-	}
 
-	// Remote clocks are wildly skewed: one a year behind, one a day ahead.
-	// That must not matter; only local observation times count.
+	// On first sight a year-old Lease is dead (its node died long ago), one
+	// renewed a day "ahead" (a clock running fast) and a fresh one are live.
 	behind := clock.Now().Add(-365 * 24 * time.Hour)
 	ahead := clock.Now().Add(24 * time.Hour)
-	if !l.Observe(lease("a", "1", behind)) || !l.Observe(lease("b", "1", ahead)) {
+	if !l.Observe(lease("a", "1", behind)) || !l.Observe(lease("b", "1", ahead)) || !l.Observe(lease("c", "1", clock.Now().Add(-39*time.Second))) {
 		t.Fatal("first observations must count as changes")
 	}
 	if l.Observe(lease("a", "1", behind)) {
@@ -54,41 +51,36 @@ func TestLiveness(t *testing.T) {
 	if l.Observe(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-scheduler"}}) || l.Observe(nil) {
 		t.Error("a foreign or nil lease counted")
 	}
-	want := map[string]bool{"a": true, "b": true}
+	want := map[string]bool{"a": false, "b": true, "c": true}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
 	}
-	if exp, ok := l.NextExpiry(); !ok || !exp.Equal(clock.Now().Add(40*time.Second)) {
-		t.Fatalf("NextExpiry = %v %v", exp, ok)
-	}
+	l.Forget("c")
 
-	// 30s later "a" renews (its remote renewTime moves, still a year off);
-	// "b" stays silent.
+	// 30s later "a" renews: from then on only local observation times count,
+	// though its remote renewTime is still a year off. "b" stays silent.
 	clock.Step(30 * time.Second)
 	if !l.Observe(lease("a", "2", behind.Add(30*time.Second))) {
 		t.Fatal("a renewal was not a change")
 	}
-	if exp, _ := l.NextExpiry(); !exp.Equal(clock.Now().Add(10 * time.Second)) {
-		t.Errorf("NextExpiry = %v, want b's expiry 10s from now", exp)
+	if got := l.Live(); !got["a"] || !got["b"] {
+		t.Fatalf("Live() = %v, want a and b live", got)
 	}
-	if l.Expired() {
-		t.Error("Expired before anyone expired")
+	if l.Changed() {
+		t.Error("Changed before anyone expired")
 	}
 
 	// At 40s since b's last change, b is dead; a is live.
 	clock.Step(10 * time.Second)
-	if !l.Expired() {
-		t.Error("Expired did not report b's expiry")
+	if !l.Changed() {
+		t.Error("Changed did not report b's expiry")
 	}
 	want = map[string]bool{"a": true, "b": false}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
 	}
-	if l.Expired() {
-		t.Error("Expired still true after Live() took the new state")
-	}
-	if exp, _ := l.NextExpiry(); !exp.Equal(clock.Now().Add(30 * time.Second)) {
-		t.Errorf("NextExpiry = %v, want a's expiry 30s from now", exp)
+	if l.Changed() {
+		t.Error("Changed still true after Live() took the new state")
 	}
 
 	// A change of resourceVersion alone (same renewTime) is a change, and b
@@ -96,31 +88,40 @@ func TestLiveness(t *testing.T) {
 	if !l.Observe(lease("b", "7", ahead)) {
 		t.Error("a new resourceVersion was not a change")
 	}
-	// A renewTime change with the same resourceVersion is a change too.
-	if !l.Observe(lease("a", "2", behind.Add(31*time.Second))) {
-		t.Error("a new renewTime was not a change")
+	// A renewTime change with the same resourceVersion renews too, but a
+	// renewal of a live node that reports nothing new changes no decision:
+	// Observe says so (the daemon enqueues no reconcile for it).
+	if l.Observe(lease("a", "2", behind.Add(31*time.Second))) {
+		t.Error("a plain renewal of a live node was reported as a possible decision change")
 	}
 	want = map[string]bool{"a": true, "b": true}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
 	}
+	clock.Step(39 * time.Second)
+	if got := l.Live(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("39s after the renewals: Live() = %v, want %v", got, want)
+	}
 
-	// Everyone silent for the timeout: nobody live, no next expiry.
-	clock.Step(40 * time.Second)
+	// Everyone silent for the timeout: nobody live.
+	clock.Step(time.Second)
 	want = map[string]bool{"a": false, "b": false}
 	if got := l.Live(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Live() = %v, want %v", got, want)
-	}
-	if _, ok := l.NextExpiry(); ok {
-		t.Error("NextExpiry with nobody live")
 	}
 
 	l.Forget("a")
 	if got := l.Live(); !reflect.DeepEqual(got, map[string]bool{"b": false}) {
 		t.Errorf("after Forget: %v", got)
 	}
-	// Seen again after Forget: first sight counts.
+	// Seen again after Forget: first sight counts, and judges staleness.
 	if !l.Observe(lease("a", "2", behind)) {
 		t.Error("a re-added lease was not a change")
+	}
+	if got := l.Live(); got["a"] {
+		t.Errorf("a Lease stale on first sight after Forget is live: %v", got)
+	}
+	if !l.Observe(lease("a", "3", clock.Now())) || !l.Live()["a"] {
+		t.Error("a renewal of a Lease stale on first sight did not make it live")
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // Build computes the Plan of the local node. It fails only on unusable
@@ -37,10 +40,17 @@ func (t *Topology) plan() *Plan {
 	ls := &t.Segments[t.LocalSegment]
 	p := t.planHeader(ls)
 	rb := t.newRouteBuilder(ls)
+	lm := &t.members[t.local]
 	if p.Leader {
-		p.WireGuard.Peers = t.wireGuardPeers(&t.members[t.local])
+		p.WireGuard.Peers = t.wireGuardPeers(lm)
+		if sp := t.standbyPeers(lm); len(sp) > 0 {
+			p.WireGuard.Peers = t.sortPeers(append(p.WireGuard.Peers, sp...))
+		}
 		t.leaderRoutes(rb)
 	} else {
+		if ls.standby == t.local {
+			p.WireGuard.Peers = t.sortPeers(t.standbyPeers(lm))
+		}
 		t.memberRoutes(rb, t.members[ls.leader].n)
 	}
 	if t.opts.LocalRoutes {
@@ -221,6 +231,11 @@ func (t *Topology) wireGuardPeers(lm *member) []WireGuardPeer {
 			AllowedIPs:          pe.AllowedIPs,
 		})
 	}
+	return t.sortPeers(ps)
+}
+
+// sortPeers sorts WireGuard peers by public key.
+func (t *Topology) sortPeers(ps []WireGuardPeer) []WireGuardPeer {
 	// Sort by moving the structs once: sort positions, then permute in place.
 	// Positions sort as integers keyed by the first 5 key bytes; the (rare)
 	// runs sharing them are then ordered by the whole key.
@@ -245,6 +260,48 @@ func (t *Topology) wireGuardPeers(lm *member) []WireGuardPeer {
 		i = j
 	}
 	permute(ps, idx)
+	return ps
+}
+
+// standbyKeepalive keeps the standby sessions (see Topology.Standby) up:
+// setting it makes WireGuard handshake at once, and the session stays
+// fresh until the takeover moves the allowed IPs onto it.
+const standbyKeepalive = 15 * time.Second
+
+// standbyPeers are the peers a node keeps ahead of a leadership takeover,
+// without allowed IPs: a leader peers with the other locations' standbys;
+// a standby peers with the other locations' leaders.
+func (t *Topology) standbyPeers(lm *member) []WireGuardPeer {
+	var zero wgtypes.Key
+	ls := &t.Segments[t.LocalSegment]
+	var ps []WireGuardPeer
+	for s := range t.Segments {
+		seg := &t.Segments[s]
+		if s == t.LocalSegment {
+			continue
+		}
+		var n *Node
+		var ep Endpoint
+		switch {
+		case ls.leader == t.local && seg.standby >= 0:
+			n = t.members[seg.standby].n
+			ep = normEndpoint(n.Endpoint)
+		case ls.standby == t.local && seg.PublicKey != zero:
+			n = t.members[seg.leader].n
+			ep = seg.Endpoint
+		default:
+			continue
+		}
+		if n.PublicKey == zero || n.PublicKey == lm.n.PublicKey {
+			continue
+		}
+		ps = append(ps, WireGuardPeer{
+			Name:                seg.Location + "/standby",
+			PublicKey:           n.PublicKey,
+			Endpoint:            ep,
+			PersistentKeepalive: max(standbyKeepalive, n.PersistentKeepalive, lm.n.PersistentKeepalive),
+		})
+	}
 	return ps
 }
 

@@ -35,6 +35,9 @@ type Segment struct {
 
 	leader   int // index of the leader in Topology.members
 	mlo, mhi int // members are Topology.order[mlo:mhi]
+	// standby is the settling member that will lead once settled (-1:
+	// none); see Standby.
+	standby int
 }
 
 // Topology is the mesh as seen from one node: segments with their leaders,
@@ -75,6 +78,8 @@ type member struct {
 	seg  int
 	mesh [2]netip.Addr
 	live bool
+	// settling: live, but only recently (Local.Settling).
+	settling bool
 }
 
 // OutsideConfig is the WireGuard configuration an outside Peer needs to join
@@ -151,7 +156,7 @@ func (t *Topology) collectMembers(nodes []Node, local Local) error {
 		if n.Name == local.NodeName {
 			t.local = len(t.members)
 		}
-		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name]})
+		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name], settling: local.Settling[n.Name]})
 	}
 	return nil
 }
@@ -429,13 +434,17 @@ func (t *Topology) publishMeshIPs() {
 }
 
 // electLeaders picks every segment's leader: among live members (all of them
-// if none is live), one with a published key, then the preferred leader,
-// then a public endpoint, then the first name.
+// if none is live), settled ones before settling ones, one with a published
+// key, then the preferred leader, then a public endpoint, then the first
+// name.
 func (t *Topology) electLeaders(nodes []Node) {
 	var zero wgtypes.Key
 	better := func(a, b *member) bool { // is a better than b
 		if a.live != b.live {
 			return a.live
+		}
+		if a.settling != b.settling {
+			return !a.settling
 		}
 		if ak, bk := a.n.PublicKey != zero, b.n.PublicKey != zero; ak != bk {
 			return ak
@@ -457,6 +466,7 @@ func (t *Topology) electLeaders(nodes []Node) {
 			}
 		}
 		seg.leader = best
+		seg.standby = t.standbyOf(seg, better)
 		ln := t.members[best].n
 		seg.Leader = ln.Name
 		seg.PublicKey = ln.PublicKey
@@ -468,6 +478,47 @@ func (t *Topology) electLeaders(nodes []Node) {
 			}
 		}
 	}
+}
+
+// standbyOf returns the member that leads seg once the settling ones have
+// settled, if that is not its leader now: a live, settling member with a
+// key. -1 if none.
+func (t *Topology) standbyOf(seg *Segment, better func(a, b *member) bool) int {
+	var zero wgtypes.Key
+	best := -1
+	for _, i := range t.order[seg.mlo:seg.mhi] {
+		m := t.members[i]
+		m.settling = false
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := t.members[best]
+		b.settling = false
+		if better(&m, &b) {
+			best = i
+		}
+	}
+	if best < 0 || best == seg.leader {
+		return -1
+	}
+	if m := &t.members[best]; !m.live || !m.settling || m.n.PublicKey == zero {
+		return -1
+	}
+	return best
+}
+
+// Standby returns the node of a location that will take its leadership over
+// once it has settled (Local.Settling), if any. Leaders peer with it ahead
+// of time, without allowed IPs, so the takeover moves allowed IPs only and
+// needs no new handshake.
+func (t *Topology) Standby(location string) (string, bool) {
+	for s := range t.Segments {
+		if seg := &t.Segments[s]; seg.Location == location && seg.standby >= 0 {
+			return t.members[seg.standby].n.Name, true
+		}
+	}
+	return "", false
 }
 
 func normEndpoint(e Endpoint) Endpoint {
@@ -594,6 +645,9 @@ func (t *Topology) endpoints(ps []Peer) endpointSet {
 	}
 	for s := range t.Segments {
 		add(t.Segments[s].Endpoint.Addr)
+		if sb := t.Segments[s].standby; sb >= 0 {
+			add(normEndpoint(t.members[sb].n.Endpoint).Addr)
+		}
 	}
 	for i := range ps {
 		add(ps[i].Endpoint.Addr)

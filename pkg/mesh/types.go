@@ -116,6 +116,10 @@ type Local struct {
 	// Live says which nodes this node currently judges alive (from when it
 	// observed their leases change). Nil means every node is live.
 	Live map[string]bool
+	// Settling are live nodes that became live only recently (leader
+	// takeover hysteresis): a settling node leads its location only if no
+	// live, settled member can. Nil means none.
+	Settling map[string]bool
 }
 
 // Plan is the desired state of one node.

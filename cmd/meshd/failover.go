@@ -1,0 +1,216 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
+)
+
+// Leader failover: wiring of the data-plane signal (pkg/probe) into the
+// liveness decisions (k8s.Liveness). The flow stays one way:
+//
+//	prober (UDP echo on the underlay) → its results → this node's heartbeat
+//	Lease (meshd.io/probe-up/-down, written when they change) → every
+//	node's Lease informer → k8s.Liveness (Judge: lease-live and not voted
+//	down) → mesh.Local.Live/Settling → plan.
+//
+// Every node decides from the same published reports, so they agree on the
+// leaders; the reconcile only hands the prober its targets.
+
+// remoteCandidates is how many members of another location a node probes
+// besides that location's current leader: the first ones in the order the
+// planner prefers leaders (meshd.io/leader, then a public endpoint, then
+// name). The order does not depend on liveness, so the set is stable and
+// a demoted leader is still probed (its recovery is seen).
+const remoteCandidates = 3
+
+// probeTargets are the nodes self probes: every other WireGuard member of
+// its own location at its internal IP, and in every other location with a
+// choice of leaders, the current leader and the first remoteCandidates
+// candidates at their endpoint address. Locations of one node are not
+// probed: there is nothing to choose.
+func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, leaders map[string]string, port int) []probe.Target {
+	var zero [32]byte
+	byLoc := map[string][]*mesh.Node{}
+	selfLoc := ""
+	for i := range nodes {
+		n := &nodes[i]
+		k := k8s.LocationKey(*n, g)
+		if n.Name == self {
+			selfLoc = k
+		}
+		if n.PublicKey == zero && n.Name != self {
+			continue
+		}
+		byLoc[k] = append(byLoc[k], n)
+	}
+	var out []probe.Target
+	for k, members := range byLoc {
+		if len(members) < 2 {
+			continue
+		}
+		if k == selfLoc {
+			for _, n := range members {
+				if n.Name != self && len(n.InternalIPs) > 0 {
+					out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(preferV4(n.InternalIPs), uint16(port))})
+				}
+			}
+			continue
+		}
+		leader := ""
+		if len(members) > 0 && members[0].Location != "" {
+			leader = leaders[members[0].Location]
+		}
+		slices.SortFunc(members, func(a, b *mesh.Node) int {
+			return cmp.Or(
+				boolFirst(a.Name == leader, b.Name == leader),
+				boolFirst(a.PreferLeader, b.PreferLeader),
+				boolFirst(a.PublicEndpoint, b.PublicEndpoint),
+				strings.Compare(a.Name, b.Name))
+		})
+		picked := 0
+		for _, n := range members {
+			if picked > remoteCandidates {
+				break
+			}
+			if a := n.Endpoint.Addr.Addr(); a.IsValid() {
+				out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))})
+				picked++
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b probe.Target) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func boolFirst(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+// probeReport turns the prober's results into the report published on the
+// heartbeat Lease.
+func probeReport(p *probe.Prober) func() k8s.Report {
+	return func() k8s.Report {
+		up, down := probe.Split(p.Results())
+		return k8s.Report{Up: up, Down: down}
+	}
+}
+
+// forwardingHealth answers whether this node can forward at all (IPv4
+// forwarding on), for the probe replies: a node that answers but cannot
+// forward must not lead. It reads /proc at most once a second; a read
+// error counts as healthy (nothing known against it).
+type forwardingHealth struct {
+	mu      sync.Mutex
+	checked time.Time
+	ok      bool
+}
+
+func (f *forwardingHealth) Healthy() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now := time.Now(); now.Sub(f.checked) >= time.Second {
+		f.checked = now
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+		f.ok = err != nil || strings.TrimSpace(string(b)) != "0"
+	}
+	return f.ok
+}
+
+// setupFailover creates the prober (unless --probe-port is 0) and sets the
+// takeover delay.
+func (d *daemon) setupFailover() error {
+	d.rec.liveness.SetTakeoverDelay(d.cfg.TakeoverDelay)
+	if d.cfg.ProbePort == 0 {
+		return nil
+	}
+	d.probeChanged = make(chan struct{}, 1)
+	health := &forwardingHealth{}
+	p, err := probe.New(probe.Options{
+		Port: d.cfg.ProbePort,
+		// Probes skip meshd's table: they test the underlay path.
+		Mark: probe.DefaultMark, RulePriority: d.rec.opts.RulePriority - 1,
+		Healthy: health.Healthy,
+		OnChange: func() {
+			select {
+			case d.probeChanged <- struct{}{}:
+			default:
+			}
+		},
+		Logger: d.log,
+	})
+	if err != nil {
+		return fmt.Errorf("--probe-port: %w", err)
+	}
+	d.prober = p
+	d.rec.prober, d.rec.probePort = p, d.cfg.ProbePort
+	return nil
+}
+
+// runHeartbeat keeps this node's Lease renewed every --lease-duration/4 and
+// publishes the probe results on it when they change. A failed renewal
+// freezes the Lease-based liveness decisions (the API server is unreachable:
+// losing sight of everyone is not everyone dying).
+func (d *daemon) runHeartbeat(ctx context.Context) error {
+	o := k8s.HeartbeatOptions{
+		Namespace: d.cfg.LeaseNamespace, Node: d.cfg.Hostname, Interval: d.cfg.LeaseDuration / 4, Logger: d.log,
+		Result: func(err error) {
+			if d.rec.liveness.SetAPIReachable(err == nil) {
+				if err != nil {
+					d.log.Warn("API server unreachable: Lease-based liveness decisions frozen", "error", err)
+				} else {
+					d.log.Info("API server reachable again: Lease-based liveness decisions resume")
+				}
+			}
+		},
+	}
+	if d.prober != nil {
+		o.Report, o.Trigger = probeReport(d.prober), d.probeChanged
+	}
+	return k8s.RunHeartbeatWith(ctx, d.kube.Kube, o)
+}
+
+// nextLivenessCheck is how long until the liveness decisions may change by
+// the clock alone: at most a second (a safety net), less when due sooner.
+func (d *daemon) nextLivenessCheck() time.Duration {
+	wait := time.Second
+	if t, ok := d.rec.liveness.NextChange(); ok {
+		wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
+	}
+	if d.rec.linkLive != nil {
+		if t, ok := d.rec.linkLive.NextChange(); ok {
+			wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
+		}
+	}
+	return wait
+}
+
+// livenessChanged: a local or linked cluster's decision changed.
+func (d *daemon) livenessChanged() bool {
+	return d.rec.liveness.Changed() || d.rec.linkLive != nil && d.rec.linkLive.Changed()
+}
+
+// linkJudge is how a linked cluster's leaders are elected: from its own
+// Leases and probe reports when they can be read, else all live.
+func (r *reconciler) linkJudge(rc k8s.RemoteCluster) k8s.RemoteJudge {
+	if r.linkLive == nil || rc.Secret == nil {
+		return nil
+	}
+	return r.linkLive.Judge(rc.Secret.Name)
+}

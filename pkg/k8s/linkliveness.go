@@ -1,0 +1,203 @@
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// LinkLiveness judges the nodes of linked clusters the way those clusters'
+// own nodes judge them: for each link it watches the linked cluster's
+// heartbeat Leases (with their probe reports) in the lease namespace and
+// keeps a Liveness for it. A linked cluster's leaders then fail over within
+// the same budget as the local ones, and both clusters agree on them.
+// Sync starts and stops the watches as links come and go; a link whose
+// Leases cannot be read (an older reader role without `leases`, run
+// `meshctl link` again) keeps every node live, as before. Safe for
+// concurrent use.
+type LinkLiveness struct {
+	log       *slog.Logger
+	namespace string
+	timeout   time.Duration
+	takeover  time.Duration
+	resync    time.Duration
+	onChange  func()
+	now       func() time.Time
+
+	mu      sync.Mutex
+	ctx     context.Context
+	remotes map[string]*remoteLeases // by link Secret name
+}
+
+type remoteLeases struct {
+	kc       []byte
+	cancel   context.CancelFunc
+	liveness *Liveness
+	leases   cache.SharedIndexInformer
+}
+
+// NewLinkLiveness returns a LinkLiveness; onChange is called when a linked
+// cluster's liveness decision may have changed. Nothing runs before Run.
+func NewLinkLiveness(log *slog.Logger, namespace string, timeout, takeover, resync time.Duration, onChange func()) *LinkLiveness {
+	return &LinkLiveness{log: log, namespace: namespace, timeout: timeout, takeover: takeover, resync: resync,
+		onChange: onChange, now: time.Now, remotes: map[string]*remoteLeases{}}
+}
+
+// Run keeps the watches Sync asks for until ctx ends.
+func (w *LinkLiveness) Run(ctx context.Context) error {
+	w.mu.Lock()
+	w.ctx = ctx
+	w.mu.Unlock()
+	<-ctx.Done()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, r := range w.remotes {
+		r.cancel()
+		delete(w.remotes, name)
+	}
+	w.ctx = nil
+	return nil
+}
+
+// Sync makes the watches match the linked clusters: one per usable link,
+// restarted when its kubeconfig changes. It never blocks on the network.
+func (w *LinkLiveness) Sync(remotes []RemoteCluster) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ctx == nil {
+		return // not running (yet)
+	}
+	seen := map[string]bool{}
+	for _, rc := range remotes {
+		if rc.Err != nil || rc.Secret == nil {
+			continue
+		}
+		_, kc, err := LinkFromSecret(rc.Secret)
+		if err != nil {
+			continue
+		}
+		name := rc.Secret.Name
+		seen[name] = true
+		if old, ok := w.remotes[name]; ok {
+			if bytes.Equal(old.kc, kc) {
+				continue
+			}
+			old.cancel()
+			delete(w.remotes, name)
+		}
+		r, err := w.start(kc)
+		if err != nil {
+			w.log.Warn("cannot watch a linked cluster's Leases; its nodes count as live", "cluster", rc.Settings.Name, "error", err)
+			continue
+		}
+		w.remotes[name] = r
+	}
+	for name, r := range w.remotes {
+		if !seen[name] {
+			r.cancel()
+			delete(w.remotes, name)
+		}
+	}
+}
+
+func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the link kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "meshd-link-liveness"
+	cfg.Timeout = 15 * time.Second
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building a client for %s: %w", cfg.Host, err)
+	}
+	l := NewLiveness(w.timeout, w.now)
+	l.SetTakeoverDelay(w.takeover)
+	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
+	observe := func(o any) {
+		if lease, ok := o.(*coordinationv1.Lease); ok {
+			reach := l.SetAPIReachable(true)
+			if l.Observe(lease) && l.Changed() || reach {
+				w.onChange()
+			}
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    observe,
+		UpdateFunc: func(_, o any) { observe(o) },
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if lease, ok := o.(*coordinationv1.Lease); ok {
+				if node, mine := NodeNameFromLease(lease); mine {
+					l.Forget(node)
+					w.onChange()
+				}
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	// The linked cluster unreachable: freeze, do not declare its nodes dead.
+	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		if l.SetAPIReachable(false) {
+			w.log.Warn("linked cluster's Leases unreachable; its liveness decisions are frozen", "host", cfg.Host, "error", err)
+		}
+	})
+	ctx, cancel := context.WithCancel(w.ctx)
+	go inf.RunWithContext(ctx)
+	return &remoteLeases{kc: kc, cancel: cancel, liveness: l, leases: inf}, nil
+}
+
+// Judge returns the RemotePeersLive judge of the cluster linked by the
+// Secret secretName; nil (every node live) until its Leases have synced.
+func (w *LinkLiveness) Judge(secretName string) RemoteJudge {
+	w.mu.Lock()
+	r := w.remotes[secretName]
+	w.mu.Unlock()
+	if r == nil || !r.leases.HasSynced() || len(r.leases.GetStore().ListKeys()) == 0 {
+		return nil
+	}
+	return r.liveness.Decide
+}
+
+// Changed reports whether any linked cluster's decision changed since it
+// was last used (see Liveness.Changed).
+func (w *LinkLiveness) Changed() bool {
+	for _, l := range w.all() {
+		if l.Changed() {
+			return true
+		}
+	}
+	return false
+}
+
+// NextChange is the earliest Liveness.NextChange of the linked clusters.
+func (w *LinkLiveness) NextChange() (t time.Time, ok bool) {
+	for _, l := range w.all() {
+		if c, cok := l.NextChange(); cok && (!ok || c.Before(t)) {
+			t, ok = c, true
+		}
+	}
+	return t, ok
+}
+
+func (w *LinkLiveness) all() []*Liveness {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*Liveness, 0, len(w.remotes))
+	for _, r := range w.remotes {
+		out = append(out, r.liveness)
+	}
+	return out
+}

@@ -1,0 +1,388 @@
+// Package probe is meshd's data-plane liveness signal: a small UDP echo on
+// the underlay. Every node answers probes on one UDP port and probes a set
+// of targets (the members of its own location at their internal IPs, and
+// the leader candidates of other locations at their WireGuard endpoint
+// addresses). A target answering is Up; one that answered before and has
+// not answered for DownAfter is Down; one that never answered is Unknown
+// (behind a NAT, a firewall that drops the port, or not started yet) and
+// tells nothing.
+//
+// A reply also carries the responder's own health (Options.Healthy: can it
+// forward at all); an unhealthy reply counts as no reply. The Prober only
+// observes: what the states mean for leader election is decided elsewhere
+// (meshd publishes them in its heartbeat Lease, see pkg/k8s). It imports
+// nothing of meshd and nothing of Kubernetes.
+//
+// Wire format (16 bytes, both directions): "mshp", version 1, kind (1
+// request, 2 reply healthy, 3 reply unhealthy), two zero bytes, a 64-bit
+// big-endian sequence number echoed by the reply. Probes are not
+// authenticated: someone able to spoof underlay packets can make a dead node
+// look alive (but can equally drop WireGuard traffic).
+package probe
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// State is what a prober knows about a target.
+type State int
+
+const (
+	// Unknown: the target never answered.
+	Unknown State = iota
+	// Up: the target answers.
+	Up
+	// Down: the target answered before, and has not for DownAfter.
+	Down
+)
+
+func (s State) String() string {
+	switch s {
+	case Up:
+		return "up"
+	case Down:
+		return "down"
+	}
+	return "unknown"
+}
+
+// Target is a node to probe.
+type Target struct {
+	Name string
+	Addr netip.AddrPort
+}
+
+// Defaults.
+const (
+	DefaultInterval  = 500 * time.Millisecond
+	DefaultDownAfter = 2 * time.Second
+	DefaultUpAfter   = 3
+)
+
+// Options configure a Prober.
+type Options struct {
+	// Port is the UDP port probes are answered on and sent from.
+	Port int
+	// Mark, when set, marks every probe packet (SO_MARK) and Run adds the
+	// policy rule "fwmark Mark lookup main" at RulePriority (before meshd's
+	// own rule): probes then take the underlay path even where the target's
+	// address is routed into the mesh (a member of another location is
+	// reachable through its leader too; a non-leader reaches other
+	// locations through its own leader), so they test the node and the
+	// underlay between the two, nothing else.
+	Mark         uint32
+	RulePriority int
+	// Interval between two probes of a target (default 500 ms).
+	Interval time.Duration
+	// DownAfter is how long an Up target may stay silent before it is Down
+	// (default 2 s).
+	DownAfter time.Duration
+	// UpAfter is how many consecutive healthy replies bring a Down target
+	// back Up (default 3). A target seen for the first time is Up at once.
+	UpAfter int
+	// Healthy reports whether this node can forward; nil means always.
+	Healthy func() bool
+	// OnChange is called (from the prober's goroutine) after a target's
+	// state changed between Up and Down, or first became Up.
+	OnChange func()
+	Logger   *slog.Logger
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+type target struct {
+	name   string
+	addr   netip.AddrPort
+	state  State
+	lastOK time.Time // last healthy reply
+	streak int       // consecutive healthy replies
+	seq    uint64
+}
+
+// Prober sends and answers probes. Create it with New, give it targets
+// with SetTargets and run it with Run.
+type Prober struct {
+	o   Options
+	log *slog.Logger
+
+	mu      sync.Mutex
+	targets map[string]*target // by name
+	byAddr  map[netip.AddrPort][]*target
+	seq     uint64
+	wake    chan struct{}
+}
+
+// New returns a Prober; nothing happens until Run.
+func New(o Options) (*Prober, error) {
+	if o.Port < 1 || o.Port > 65535 {
+		return nil, fmt.Errorf("probe port %d: want 1-65535", o.Port)
+	}
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.DownAfter <= 0 {
+		o.DownAfter = DefaultDownAfter
+	}
+	if o.UpAfter <= 0 {
+		o.UpAfter = DefaultUpAfter
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Mark != 0 && (o.RulePriority < 1 || o.RulePriority > 32765) {
+		return nil, fmt.Errorf("probe rule priority %d: want 1-32765 (before the main table)", o.RulePriority)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Prober{o: o, log: o.Logger, targets: map[string]*target{}, byAddr: map[netip.AddrPort][]*target{}, wake: make(chan struct{}, 1)}, nil
+}
+
+// SetTargets replaces the set of targets. A target whose name and address
+// are unchanged keeps its state; a new or moved one starts Unknown. It
+// reports whether the set changed.
+func (p *Prober) SetTargets(ts []Target) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := make(map[string]*target, len(ts))
+	changed := false
+	for _, t := range ts {
+		if !t.Addr.IsValid() || t.Name == "" {
+			continue
+		}
+		t.Addr = netip.AddrPortFrom(t.Addr.Addr().Unmap(), t.Addr.Port())
+		if old, ok := p.targets[t.Name]; ok && old.addr == t.Addr {
+			next[t.Name] = old
+			continue
+		}
+		next[t.Name] = &target{name: t.Name, addr: t.Addr}
+		changed = true
+	}
+	changed = changed || len(next) != len(p.targets)
+	if !changed {
+		return false
+	}
+	p.targets = next
+	p.byAddr = make(map[netip.AddrPort][]*target, len(next))
+	for _, t := range next {
+		p.byAddr[t.addr] = append(p.byAddr[t.addr], t)
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Results returns the targets that are Up or Down (Unknown ones are left
+// out), by name.
+func (p *Prober) Results() map[string]State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]State, len(p.targets))
+	for n, t := range p.targets {
+		if t.state != Unknown {
+			out[n] = t.state
+		}
+	}
+	return out
+}
+
+// Split returns the names of the Up and of the Down targets, sorted.
+func Split(results map[string]State) (up, down []string) {
+	for _, n := range slices.Sorted(maps.Keys(results)) {
+		switch results[n] {
+		case Up:
+			up = append(up, n)
+		case Down:
+			down = append(down, n)
+		}
+	}
+	return up, down
+}
+
+const (
+	wireLen      = 16
+	wireVersion  = 1
+	kindRequest  = 1
+	kindHealthy  = 2
+	kindSick     = 3
+	readDeadline = 250 * time.Millisecond
+)
+
+var magic = [4]byte{'m', 's', 'h', 'p'}
+
+func encode(kind byte, seq uint64) []byte {
+	b := make([]byte, wireLen)
+	copy(b, magic[:])
+	b[4] = wireVersion
+	b[5] = kind
+	binary.BigEndian.PutUint64(b[8:], seq)
+	return b
+}
+
+func decode(b []byte) (kind byte, seq uint64, ok bool) {
+	if len(b) < wireLen || [4]byte(b[:4]) != magic || b[4] != wireVersion {
+		return 0, 0, false
+	}
+	return b[5], binary.BigEndian.Uint64(b[8:]), true
+}
+
+// Run answers and sends probes until ctx ends. It fails only if the port
+// cannot be bound.
+func (p *Prober) Run(ctx context.Context) error {
+	lc := net.ListenConfig{}
+	if mark := p.o.Mark; mark != 0 {
+		if err := ensureBypass(mark, p.o.RulePriority); err != nil {
+			return fmt.Errorf("probe: %w", err)
+		}
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, int(mark))
+			}); err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("marking the probe socket: %w", serr)
+			}
+			return nil
+		}
+	}
+	pc, err := lc.ListenPacket(context.Background(), "udp", fmt.Sprintf(":%d", p.o.Port))
+	if err != nil {
+		return fmt.Errorf("probe: listening on UDP port %d: %w", p.o.Port, err)
+	}
+	conn := pc.(*net.UDPConn)
+	defer conn.Close()
+	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "mark", fmt.Sprintf("%#x", p.o.Mark), "interval", p.o.Interval, "down-after", p.o.DownAfter)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); p.receive(ctx, conn) }()
+	t := time.NewTicker(p.o.Interval)
+	defer t.Stop()
+	for {
+		p.send(conn)
+		if p.expire() {
+			p.changed()
+		}
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			wg.Wait()
+			return nil
+		case <-t.C:
+		case <-p.wake:
+		}
+	}
+}
+
+func (p *Prober) changed() {
+	if p.o.OnChange != nil {
+		p.o.OnChange()
+	}
+}
+
+func (p *Prober) send(conn *net.UDPConn) {
+	p.mu.Lock()
+	type out struct {
+		addr netip.AddrPort
+		seq  uint64
+	}
+	batch := make([]out, 0, len(p.targets))
+	for _, t := range p.targets {
+		p.seq++
+		t.seq = p.seq
+		batch = append(batch, out{t.addr, t.seq})
+	}
+	p.mu.Unlock()
+	for _, o := range batch {
+		if _, err := conn.WriteToUDPAddrPort(encode(kindRequest, o.seq), o.addr); err != nil {
+			p.log.Debug("sending a probe", "to", o.addr, "error", err)
+		}
+	}
+}
+
+// expire turns Up targets silent for DownAfter Down; it reports changes.
+func (p *Prober) expire() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.o.Now()
+	changed := false
+	for _, t := range p.targets {
+		if t.state == Up && now.Sub(t.lastOK) >= p.o.DownAfter {
+			t.state = Down
+			t.streak = 0
+			changed = true
+			p.log.Info("probe target stopped answering", "node", t.name, "addr", t.addr, "silent", now.Sub(t.lastOK).Round(time.Millisecond))
+		}
+	}
+	return changed
+}
+
+func (p *Prober) receive(ctx context.Context, conn *net.UDPConn) {
+	buf := make([]byte, 64)
+	for ctx.Err() == nil {
+		_ = conn.SetReadDeadline(time.Now().Add(readDeadline))
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		kind, seq, ok := decode(buf[:n])
+		if !ok {
+			continue
+		}
+		switch kind {
+		case kindRequest:
+			reply := byte(kindHealthy)
+			if p.o.Healthy != nil && !p.o.Healthy() {
+				reply = kindSick
+			}
+			_, _ = conn.WriteToUDPAddrPort(encode(reply, seq), from)
+		case kindHealthy, kindSick:
+			if p.reply(from, kind == kindHealthy) {
+				p.changed()
+			}
+		}
+	}
+}
+
+// reply records an answer from addr; it reports a state change.
+func (p *Prober) reply(from netip.AddrPort, healthy bool) bool {
+	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := false
+	for _, t := range p.byAddr[from] {
+		if !healthy {
+			t.streak = 0
+			continue
+		}
+		t.lastOK = p.o.Now()
+		t.streak++
+		switch {
+		case t.state == Unknown:
+			t.state = Up
+			changed = true
+		case t.state == Down && t.streak >= p.o.UpAfter:
+			t.state = Up
+			changed = true
+			p.log.Info("probe target answers again", "node", t.name, "addr", t.addr)
+		}
+	}
+	return changed
+}

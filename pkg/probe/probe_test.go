@@ -1,0 +1,134 @@
+package probe
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"reflect"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port
+}
+
+func waitState(t *testing.T, p *Prober, name string, want State, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got, ok := p.Results()[name]
+		if !ok {
+			got = Unknown
+		}
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: state %s, want %s within %s", name, got, want, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func start(t *testing.T, p *Prober) context.CancelFunc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		done <- nil // for the cleanup
+	}
+}
+
+// Two probers over loopback: Unknown until the first answer, Up, Down after
+// the responder stops, Up again only after UpAfter answers, Down while the
+// responder reports itself unhealthy; a target that never answered stays
+// Unknown and is left out of Results.
+func TestProber(t *testing.T) {
+	pa, pb := freePort(t), freePort(t)
+	var changes atomic.Int32
+	a, err := New(Options{Port: pa, Interval: 20 * time.Millisecond, DownAfter: 150 * time.Millisecond, UpAfter: 3,
+		OnChange: func() { changes.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sick atomic.Bool
+	newB := func() *Prober {
+		b, err := New(Options{Port: pb, Interval: time.Hour, Healthy: func() bool { return !sick.Load() }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	lo := netip.MustParseAddr("127.0.0.1")
+	if !a.SetTargets([]Target{{Name: "b", Addr: netip.AddrPortFrom(lo, uint16(pb))}, {Name: "void", Addr: netip.AddrPortFrom(lo, 9)}, {Name: "bad"}}) {
+		t.Fatal("SetTargets: no change reported for a new set")
+	}
+	start(t, a)
+	time.Sleep(100 * time.Millisecond)
+	if got := a.Results(); len(got) != 0 {
+		t.Fatalf("results before any answer: %v", got)
+	}
+	stopB := start(t, newB())
+	waitState(t, a, "b", Up, 5*time.Second)
+	if changes.Load() == 0 {
+		t.Error("OnChange not called when b came up")
+	}
+
+	stopB()
+	waitState(t, a, "b", Down, 5*time.Second)
+	up, down := Split(a.Results())
+	if len(up) != 0 || !reflect.DeepEqual(down, []string{"b"}) {
+		t.Errorf("Split = %v %v, want [] [b] (void never answered: unknown)", up, down)
+	}
+
+	start(t, newB())
+	waitState(t, a, "b", Up, 5*time.Second)
+
+	sick.Store(true)
+	waitState(t, a, "b", Down, 5*time.Second)
+	sick.Store(false)
+	waitState(t, a, "b", Up, 5*time.Second)
+
+	// Same targets: no change, state kept. A moved target starts over.
+	if a.SetTargets([]Target{{Name: "b", Addr: netip.AddrPortFrom(lo, uint16(pb))}, {Name: "void", Addr: netip.AddrPortFrom(lo, 9)}}) {
+		t.Error("SetTargets reported a change for the same set")
+	}
+	if a.Results()["b"] != Up {
+		t.Error("an unchanged target lost its state")
+	}
+	if !a.SetTargets([]Target{{Name: "b", Addr: netip.AddrPortFrom(lo, 9)}}) {
+		t.Error("SetTargets: a moved target is a change")
+	}
+	if _, ok := a.Results()["b"]; ok {
+		t.Error("a moved target kept its state")
+	}
+}
+
+func TestDecode(t *testing.T) {
+	b := encode(kindRequest, 42)
+	if k, s, ok := decode(b); !ok || k != kindRequest || s != 42 {
+		t.Errorf("decode(encode) = %d %d %v", k, s, ok)
+	}
+	for _, bad := range [][]byte{nil, b[:8], append([]byte("xxxx"), b[4:]...)} {
+		if _, _, ok := decode(bad); ok {
+			t.Errorf("decode(%q) accepted", bad)
+		}
+	}
+	if _, err := New(Options{}); err == nil {
+		t.Error("New accepted port 0")
+	}
+}
