@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test charts unit vet fmt-check root e2e bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check root e2e e2e-kernel bench generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -33,12 +33,17 @@ root:
 e2e: deps kube-binaries
 	$(GO) test -tags e2e -count=1 -timeout 40m -v ./e2e/...
 
+## e2e-kernel: kernel WireGuard on a real kernel (Debian's 6.1) booted in qemu: pkg/wg kernel tests,
+## throughput kernel/userspace, e2e scenarios with --wireguard kernel (hack/e2e-kernel.sh).
+e2e-kernel: deps kube-binaries
+	./hack/e2e-kernel.sh
+
 ## charts: helm lint and helm template of charts/meshd (helm is built once into $(MESHD_CACHE)).
 charts:
 	./hack/helm.sh > /dev/null
 
 ## test: everything CI runs.
-test: deps fmt-check vet root charts e2e
+test: deps fmt-check vet root charts e2e e2e-kernel
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
