@@ -39,6 +39,11 @@ fi
 ip -d link show mwgprobe
 ip link del mwgprobe
 sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+# qemu's user network: the host's kube-apiserver at 10.0.2.2 (see
+# hack/e2e-kernel-apiserver.sh).
+modprobe virtio_net
+ip link set lo up
+ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0
 mkdir -p /run/netns /run/wireguard /run/lock
 
 failed=0
@@ -76,7 +81,7 @@ for s in $E2E_KERNEL_RUN; do
 		;;
 	e2e)
 		run=${E2E_KERNEL_E2E_RUN:-'^(TestFullMesh|TestLocationMesh|TestDrift|TestKernel.*)$'}
-		(cd e2e && step e2e env E2E_PREFIX=kg- E2E_WIREGUARD=kernel E2E_KERNEL=1 E2E_BIN_DIR="$out/bin" \
+		(cd e2e && step e2e env MESHD_CACHE="$out/cache" E2E_PREFIX=kg- E2E_WIREGUARD=kernel E2E_KERNEL=1 E2E_BIN_DIR="$out/bin" \
 			"$out/bin/e2e.test" -test.v -test.count=1 -test.timeout 25m -test.run "$run") || failed=1
 		;;
 	esac

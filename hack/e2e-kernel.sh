@@ -79,10 +79,14 @@ vmlinuz="$kdir/boot/vmlinuz-$kver"
 
 # --- Work directory: the guest's writable share (binaries in, results out).
 work=$(mktemp -d /var/tmp/meshd-e2e-kernel.XXXXXX)
-qpid=
 cleanup() {
-	[[ -n $qpid ]] && kill "$qpid" 2>/dev/null
+	local rc=$?
+	for p in kube-apiserver etcd; do
+		[[ -f $work/$p.pid ]] && kill "$(cat "$work/$p.pid")" 2>/dev/null
+	done
+	[[ -n ${vmns:-} ]] && ip netns del "$vmns" 2>/dev/null
 	if [[ -z ${E2E_KERNEL_KEEP:-} ]]; then rm -rf "$work"; else say "work directory kept: $work"; fi
+	exit "$rc"
 }
 trap cleanup EXIT
 mkdir -p "$work/bin" "$work/initrd/bin" "$work/initrd/modules"
@@ -110,7 +114,15 @@ go test -c -o "$work/bin/wg.test" ./pkg/wg
 go test -c -tags e2e -o "$work/bin/e2e.test" ./e2e
 go build -o "$work/bin/meshd" ./cmd/meshd
 go build -tags e2e -o "$work/bin/e2etool" ./e2e/cmd/e2etool
-bash hack/kube-binaries.sh kube-apiserver kubectl >"$work/kubedir"
+go build -o "$work/bin/e2e-kernel-proxy" ./hack/e2e-kernel-proxy
+kubedir=$(bash hack/kube-binaries.sh kube-apiserver kubectl)
+# The guest's kube binaries: the real kubectl, and in place of kube-apiserver
+# hack/e2e-kernel-apiserver.sh, which has the host run the real one (under
+# TCG it would take minutes to start) and forwards to it.
+gkube="$work/cache/$(basename "$kubedir")"
+mkdir -p "$gkube"
+ln -s "$kubedir/kubectl" "$gkube/kubectl"
+cp hack/e2e-kernel-apiserver.sh "$gkube/kube-apiserver"
 tbuild=$(date +%s)
 
 # --- qemu: KVM if a short probe boots, else TCG.
@@ -133,20 +145,61 @@ fi
 [[ $accel == kvm && -n ${E2E_KERNEL_ACCEL:-} ]] && cpu=host
 say "booting $pkg ($pkgver) with $accel"
 cat >"$work/env" <<EOF
-E2E_KERNEL_RUN='${E2E_KERNEL_RUN:-wg throughput}'
+E2E_KERNEL_RUN='${E2E_KERNEL_RUN:-wg throughput e2e}'
 E2E_KERNEL_E2E_RUN='${E2E_KERNEL_E2E_RUN:-}'
 E2E_KERNEL_ACCEL='$accel'
-KUBE_DIR='$(cat "$work/kubedir")'
 REPO='$repo'
 EOF
+# qemu runs in a network namespace of its own: the guest's user-mode network
+# (10.0.2.2) reaches only that namespace's loopback, where the host-side
+# etcd and kube-apiserver of the guest's testbed listen.
+vmns=${E2E_PREFIX:-mek-}vm
+remove_vmns() {
+	if ip netns list | grep -qw "^$vmns"; then
+		for p in $(ip netns pids "$vmns"); do kill -9 "$p" 2>/dev/null || true; done
+		sleep 0.2
+		ip netns del "$vmns" || true
+	fi
+}
+remove_vmns
+ip netns add "$vmns"
+ip -n "$vmns" link set lo up
+# The guest's testbed asks for its API server by writing the flags into
+# $work/apiserver/args (hack/e2e-kernel-apiserver.sh); run it here.
+host_apiserver() {
+	local share=$work/apiserver
+	while [[ ! -f $share/args ]]; do
+		[[ -e $work/qemu.done ]] && return
+		sleep 0.5
+	done
+	mapfile -t args < <(sed "s#@DIR@#$share#g" "$share/args")
+	say "guest asked for kube-apiserver: starting etcd and kube-apiserver on the host (netns $vmns)"
+	ip netns exec "$vmns" etcd --name e2e-kernel --data-dir "$share/etcd" \
+		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+		--initial-cluster e2e-kernel=http://127.0.0.1:2380 --log-level warn >"$work/etcd.log" 2>&1 &
+	echo $! >"$work/etcd.pid"
+	ip netns exec "$vmns" "$kubedir/kube-apiserver" "${args[@]}" >"$work/kube-apiserver.log" 2>&1 &
+	echo $! >"$work/kube-apiserver.pid"
+}
+host_apiserver &
+hpid=$!
 tboot=$(date +%s)
 set +e
-timeout "${E2E_KERNEL_TIMEOUT:-1800}" "${qemu_base[@]}" -accel "$accel" -cpu "$cpu" -smp 2 -m "${E2E_KERNEL_MEM:-3072}" \
+ip netns exec "$vmns" timeout "${E2E_KERNEL_TIMEOUT:-1800}" "${qemu_base[@]}" -accel "$accel" -cpu "$cpu" -smp 2 -m "${E2E_KERNEL_MEM:-3072}" \
 	-virtfs "local,path=$work,mount_tag=out,security_model=none,multidevs=remap" \
+	-netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \
 	-append "console=ttyS0 quiet loglevel=3 panic=-1 meshd.kver=$kver meshd.modules=$kdir/lib/modules/$kver meshd.script=$repo/hack/e2e-kernel-guest.sh" \
 	</dev/null 2>&1 | tee "$work/console.log"
 qrc=${PIPESTATUS[0]}
 set -e
+touch "$work/qemu.done"
+wait "$hpid" 2>/dev/null || true
+for p in kube-apiserver etcd; do
+	[[ -f $work/$p.pid ]] && kill "$(cat "$work/$p.pid")" 2>/dev/null || true
+done
+sleep 1
+remove_vmns
 tend=$(date +%s)
 if [[ $qrc -ne 0 ]]; then
 	say "qemu exited with status $qrc (124: killed after ${E2E_KERNEL_TIMEOUT:-1800} s)"
