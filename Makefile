@@ -36,7 +36,7 @@ e2e: deps kube-binaries
 ## e2e-kernel: kernel WireGuard on a real kernel (Debian's 6.1) booted in qemu: pkg/wg kernel tests,
 ## throughput kernel/userspace, e2e scenarios with --wireguard kernel (hack/e2e-kernel.sh).
 e2e-kernel: deps kube-binaries
-	./hack/e2e-kernel.sh
+	E2E_KERNEL_VM=1 $(GO) test -tags e2e -count=1 -timeout 45m -v ./e2e/kernelvm/
 
 ## charts: helm lint and helm template of charts/meshd (helm is built once into $(MESHD_CACHE)).
 charts:

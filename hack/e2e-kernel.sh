@@ -11,7 +11,12 @@
 # in and the results out. Inside, hack/e2e-kernel-guest.sh loads wireguard
 # and friends and runs the pkg/wg kernel tests, the throughput comparison and
 # the e2e scenarios with --wireguard kernel, printing their `go test -v`
-# output to the console.
+# output to the console. The guest's e2e testbed is the usual one, except
+# that its kube-apiserver (minutes to start under emulation) runs here, on
+# the host, in a network namespace of its own where qemu runs too; the guest
+# reaches it over qemu's user network (hack/e2e-kernel-apiserver.sh,
+# hack/e2e-kernel-proxy). make e2e-kernel runs this through
+# e2e/kernelvm (go test), which turns each guest test into a subtest.
 #
 # KVM is used when a short probe boot shows that it works, else TCG.
 # Exit status: 0 when every guest test passed.
@@ -21,9 +26,11 @@
 #   E2E_KERNEL_PKG=linux-image-6.1.0-NN-amd64   another kernel package
 #   E2E_KERNEL_MEM=3072        guest memory in MiB
 #   E2E_KERNEL_TIMEOUT=1800    seconds before the guest is killed
-#   E2E_KERNEL_RUN='wg e2e throughput'   which guest steps to run
+#   E2E_KERNEL_RUN='wg throughput e2e'   which guest steps to run
 #   E2E_KERNEL_E2E_RUN=REGEX   which e2e scenarios to run (go test -run)
 #   E2E_KERNEL_KEEP=1          keep the work directory (logs, binaries)
+#   E2E_KERNEL_SUMMARY=FILE    copy the guest's one-line-per-test summary there
+#   E2E_PREFIX=xy-             the host network namespace qemu runs in is xy-vm (default mek-vm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -37,10 +44,7 @@ missing=()
 for c in "${!need[@]}"; do
 	command -v "$c" >/dev/null 2>&1 || [[ -x /sbin/$c || -x /usr/sbin/$c ]] || missing+=("${need[$c]}")
 done
-[[ -x /bin/busybox ]] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' || missing+=(busybox-static)
-if ! command -v file >/dev/null; then
-	missing+=(file)
-fi
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 	say "installing ${missing[*]}"
@@ -81,6 +85,7 @@ vmlinuz="$kdir/boot/vmlinuz-$kver"
 work=$(mktemp -d /var/tmp/meshd-e2e-kernel.XXXXXX)
 cleanup() {
 	local rc=$?
+	set +e
 	for p in kube-apiserver etcd; do
 		[[ -f $work/$p.pid ]] && kill "$(cat "$work/$p.pid")" 2>/dev/null
 	done
@@ -209,6 +214,10 @@ say "kernel $pkg $pkgver ($accel); build $((tbuild - t0)) s, guest $((tend - tbo
 if [[ -f $work/summary ]]; then
 	say "guest results:"
 	sed 's/^/   /' "$work/summary" >&2
+	if [[ -n ${E2E_KERNEL_SUMMARY:-} ]]; then
+		cp "$work/summary" "$E2E_KERNEL_SUMMARY"
+		echo "timing: build $((tbuild - t0)) s, guest $((tend - tboot)) s, accel $accel" >>"$E2E_KERNEL_SUMMARY"
+	fi
 fi
 if [[ -z $rc ]]; then
 	say "FAIL: the guest did not report an exit status"
