@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // WatchLink against the real kernel, in a fresh namespace: creating,
@@ -14,7 +15,7 @@ import (
 func TestWatchLinkRealKernel(t *testing.T) {
 	requireRoot(t)
 	ns := newNSHandle(t)
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatal(err)
 	}
