@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test charts unit vet fmt-check lint root e2e flake bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check lint root e2e e2e-kernel flake bench generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -47,12 +47,17 @@ flake: deps kube-binaries
 	for p in $$($(GO) list ./pkg/... ./cmd/... ./internal/...); do $(GO) test -race -count=5 $$p || exit 1; done
 	for i in 1 2 3; do $(GO) test -tags e2e -count=1 -timeout 40m -v ./e2e/... || exit 1; done
 
+## e2e-kernel: kernel WireGuard on a real kernel (Debian's 6.1) booted in qemu: pkg/wg kernel tests,
+## throughput kernel/userspace, e2e scenarios with --wireguard kernel (hack/e2e-kernel.sh).
+e2e-kernel: deps kube-binaries
+	E2E_KERNEL_VM=1 $(GO) test -tags e2e -count=1 -timeout 45m -v ./e2e/kernelvm/
+
 ## charts: helm lint and helm template of charts/meshd (helm is built once into $(MESHD_CACHE)).
 charts:
 	./hack/helm.sh > /dev/null
 
 ## test: everything CI runs.
-test: deps fmt-check vet lint root charts e2e
+test: deps fmt-check vet lint root charts e2e e2e-kernel
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...

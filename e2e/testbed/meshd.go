@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -36,8 +37,17 @@ func (n *Node) MeshdArgs(extra ...string) []string {
 	if n.PodCIDR6.IsValid() {
 		args = append(args, "--mesh-cidr", MeshCIDR6)
 	}
+	if m := WireGuardMode(); m != "" {
+		args = append(args, "--wireguard", m)
+	}
 	return append(args, extra...)
 }
+
+// WireGuardMode is E2E_WIREGUARD (auto, kernel or userspace; "" when
+// unset): the --wireguard flag every meshd of the testbed gets unless a
+// scenario passes its own. `make e2e-kernel` runs scenarios with
+// E2E_WIREGUARD=kernel inside a VM whose kernel has WireGuard.
+func WireGuardMode() string { return os.Getenv("E2E_WIREGUARD") }
 
 // MeshdLog is the path of the node's meshd log.
 func (n *Node) MeshdLog() string { return filepath.Join(n.Dir, "meshd.log") }

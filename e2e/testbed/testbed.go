@@ -132,11 +132,17 @@ func (c *Config) defaults() error {
 			}
 		}
 	}
+	// E2E_BIN_DIR: meshd and e2etool are prebuilt there (make e2e-kernel
+	// builds them on the host; building inside an emulated VM is slow).
+	binDir := filepath.Join(c.Dir, "bin")
+	if d := os.Getenv("E2E_BIN_DIR"); d != "" {
+		binDir = d
+	}
 	if c.MeshdBinary == "" {
-		c.MeshdBinary = filepath.Join(c.Dir, "bin", "meshd")
+		c.MeshdBinary = filepath.Join(binDir, "meshd")
 	}
 	if c.ToolBinary == "" {
-		c.ToolBinary = filepath.Join(c.Dir, "bin", "e2etool")
+		c.ToolBinary = filepath.Join(binDir, "e2etool")
 	}
 	return nil
 }
@@ -194,8 +200,17 @@ func BuildFlags() []string {
 }
 
 // BuildBinaries builds the e2etool helper and, if withMeshd, meshd into
-// Dir/bin (with BuildFlags).
+// Dir/bin (with BuildFlags; with E2E_BIN_DIR set, it only checks the
+// prebuilt ones there).
 func (tb *Testbed) BuildBinaries(ctx context.Context, withMeshd bool) error {
+	if os.Getenv("E2E_BIN_DIR") != "" {
+		for _, b := range []string{tb.ToolBinary, tb.MeshdBinary} {
+			if _, err := os.Stat(b); err != nil {
+				return fmt.Errorf("E2E_BIN_DIR is set but: %w", err)
+			}
+		}
+		return nil
+	}
 	if err := os.MkdirAll(filepath.Join(tb.Dir, "bin"), 0o755); err != nil {
 		return err
 	}

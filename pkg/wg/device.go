@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
@@ -124,7 +125,10 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 		return nil, fmt.Errorf("getting the current network namespace: %w", err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	// Route netlink only: a handle with the default families also opens an
+	// XFRM socket, which fails with "protocol not supported" on a kernel
+	// whose xfrm_user module is not loaded (seen on Debian's 6.1 in a VM).
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}

@@ -51,50 +51,7 @@ func TestThroughput(t *testing.T) {
 	a.cfg.Peers = []Peer{{PublicKey: b.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
 	b.cfg.Peers = []Peer{{PublicKey: a.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
 
-	measure := func() float64 {
-		srv := exec.Command(iperf, "-s", "-1", "-B", "10.77.0.2")
-		inNS(b.ns, func() { err = srv.Start() })
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { srv.Process.Kill(); srv.Wait() }()
-		var out []byte
-		for try := 0; try < 50; try++ { // wait for the server
-			time.Sleep(100 * time.Millisecond)
-			var c net.Conn
-			inNS(a.ns, func() { c, err = net.DialTimeout("tcp", "10.77.0.2:5201", time.Second) })
-			if err == nil {
-				c.Close()
-				break
-			}
-		}
-		// The probe connection used up "-1"; restart the server.
-		srv.Process.Kill()
-		srv.Wait()
-		srv = exec.Command(iperf, "-s", "-1", "-B", "10.77.0.2")
-		inNS(b.ns, func() { err = srv.Start() })
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
-		inNS(a.ns, func() {
-			out, err = exec.Command(iperf, "-c", "10.77.0.2", "-t", strconv.Itoa(secs), "-J").Output()
-		})
-		if err != nil {
-			t.Fatalf("iperf3: %v\n%s", err, out)
-		}
-		var res struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-		}
-		if err := json.Unmarshal(out, &res); err != nil {
-			t.Fatalf("iperf3 output: %v", err)
-		}
-		return res.End.SumReceived.BitsPerSecond / 1e9
-	}
+	measure := func() float64 { return iperfGbps(t, iperf, a.ns, b.ns, secs) }
 
 	// Each meshd device runs in a process of its own, like each node's
 	// daemon (and like each wireguard-go below): this test binary re-run as
@@ -252,4 +209,52 @@ func envInt(name string, def int) int {
 		return v
 	}
 	return def
+}
+
+// iperfGbps measures TCP throughput (iperf3, secs seconds) from ns a to
+// 10.77.0.2 served in ns b, in Gbit/s.
+func iperfGbps(t *testing.T, iperf string, a, b netns.NsHandle, secs int) float64 {
+	var err error
+	srv := exec.Command(iperf, "-s", "-1", "-B", "10.77.0.2")
+	inNS(b, func() { err = srv.Start() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	var out []byte
+	for try := 0; try < 50; try++ { // wait for the server
+		time.Sleep(100 * time.Millisecond)
+		var c net.Conn
+		inNS(a, func() { c, err = net.DialTimeout("tcp", "10.77.0.2:5201", time.Second) })
+		if err == nil {
+			c.Close()
+			break
+		}
+	}
+	// The probe connection used up "-1"; restart the server.
+	srv.Process.Kill()
+	srv.Wait()
+	srv = exec.Command(iperf, "-s", "-1", "-B", "10.77.0.2")
+	inNS(b, func() { err = srv.Start() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	inNS(a, func() {
+		out, err = exec.Command(iperf, "-c", "10.77.0.2", "-t", strconv.Itoa(secs), "-J").Output()
+	})
+	if err != nil {
+		t.Fatalf("iperf3: %v\n%s", err, out)
+	}
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("iperf3 output: %v", err)
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9
 }

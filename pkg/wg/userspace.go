@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
@@ -190,7 +191,7 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 // up sets the link up and brings the device up in its namespace, so that a
 // configuration written next finds it running.
 func (u *userspace) up() error {
-	h, err := netlink.NewHandleAt(u.ns)
+	h, err := netlink.NewHandleAt(u.ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("opening netlink in the device's namespace: %w", err)
 	}
@@ -277,7 +278,7 @@ func RunDevice(ctx context.Context, log *slog.Logger, name string, mtu int) erro
 		return fmt.Errorf("getting the current network namespace: %w", err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("opening netlink: %w", err)
 	}

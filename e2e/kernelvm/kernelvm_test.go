@@ -1,0 +1,80 @@
+//go:build e2e
+
+// Package kernelvm runs meshd's kernel-WireGuard tests on a real Linux
+// kernel: TestKernelVM runs hack/e2e-kernel.sh, which boots Debian's kernel
+// in qemu over the host's root filesystem and runs, inside, the pkg/wg
+// kernel tests, the kernel/userspace throughput comparison and the e2e
+// scenarios with --wireguard kernel. The guest's `go test -v` output streams
+// to this test's output; each guest test becomes a subtest here that passes,
+// fails or skips as it did in the guest.
+//
+//	E2E_KERNEL_VM=1 go test -tags e2e -count=1 -v -timeout 45m ./e2e/kernelvm/   # make e2e-kernel
+//
+// Without E2E_KERNEL_VM=1 it skips, so `make e2e` (./e2e/...) does not boot
+// the VM a second time.
+package kernelvm
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var result = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+)`)
+
+func TestKernelVM(t *testing.T) {
+	if os.Getenv("E2E_KERNEL_VM") != "1" {
+		t.Skip("boots a VM: run with E2E_KERNEL_VM=1 (make e2e-kernel)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (qemu, network namespaces)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	summary := filepath.Join(t.TempDir(), "summary")
+	cmd := exec.Command("bash", filepath.Join(root, "hack", "e2e-kernel.sh"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "E2E_KERNEL_SUMMARY="+summary)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr // the guest's go test -v output, live
+	runErr := cmd.Run()
+
+	b, err := os.ReadFile(summary)
+	if err != nil {
+		t.Fatalf("hack/e2e-kernel.sh: %v; no guest results (%v)", runErr, err)
+	}
+	t.Logf("guest results:\n%s", b)
+	seen := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "FAIL "):
+			t.Errorf("guest step failed: %s", line)
+		case strings.HasPrefix(line, "kernel: "), strings.HasPrefix(line, "timing: "):
+			t.Log(line)
+		}
+		m := result.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		seen++
+		status, name := m[1], m[2]
+		t.Run(name, func(t *testing.T) {
+			switch status {
+			case "FAIL":
+				t.Error("failed in the guest (output above)")
+			case "SKIP":
+				t.Skip("skipped in the guest")
+			}
+		})
+	}
+	if seen == 0 {
+		t.Error("the guest reported no test results")
+	}
+	if runErr != nil {
+		t.Errorf("hack/e2e-kernel.sh: %v", runErr)
+	}
+}
