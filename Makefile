@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test charts unit vet fmt-check root e2e bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check root e2e bench bench-scale generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -42,6 +42,12 @@ test: deps fmt-check vet root charts e2e
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+
+## bench-scale: the scale benchmark (not part of test): 1,000 Nodes with live
+## heartbeats, 3 real daemons, full and location mesh; reports figures (see
+## docs/scale.md). BENCH_NODES, BENCH_STEADY, BENCH_MODES, ... tune it.
+bench-scale: deps kube-binaries
+	BENCH_SCALE=1 $(GO) test -tags e2e -count=1 -timeout 180m -v -run '^TestBenchScale$$' ./e2e/
 
 deps:
 	./hack/ensure-deps.sh
