@@ -337,10 +337,10 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 
 	// 4. Steady state.
 	time.Sleep(cfg.settle)
-	a0, d0, h0 := s.apiWrites(), s.daemonStats(nodes), time.Now()
+	a0, w0, d0, h0 := s.apiWrites(), s.watchEvents(), s.daemonStats(nodes), time.Now()
 	hbR0, hbF0 := hb.Counts()
 	time.Sleep(cfg.steady)
-	a1, d1, elapsed := s.apiWrites(), s.daemonStats(nodes), time.Since(h0)
+	a1, w1, d1, elapsed := s.apiWrites(), s.watchEvents(), s.daemonStats(nodes), time.Since(h0)
 	hbR1, hbF1 := hb.Counts()
 	mins := elapsed.Minutes()
 	rep.add("steady", fmt.Sprintf("window %.0f s after %.0f s of settling; fake Lease renewals %d (%d failed)", elapsed.Seconds(), cfg.settle.Seconds(), hbR1-hbR0, hbF1-hbF0))
@@ -365,6 +365,13 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	}
 	rep.add("API writes", fmt.Sprintf("cluster-wide %.2f per node per minute (goal <= 6, the Lease rate; by resource: %s); Node writes %.0f in the window (goal 0)",
 		total/mins/float64(cfg.nodes), strings.Join(byRes, ", "), a1["nodes"]-a0["nodes"]))
+	var watch []string
+	for _, res := range slices.Sorted(maps.Keys(w1)) {
+		if rate := (w1[res] - w0[res]) / elapsed.Seconds(); rate >= 0.05 {
+			watch = append(watch, fmt.Sprintf("%s %.1f/s", res, rate))
+		}
+	}
+	rep.add("watch events", fmt.Sprintf("sent by the API server (apiserver_watch_events_total; 3 real daemons watching): %s", strings.Join(watch, ", ")))
 	rep.flush(cfg.out)
 }
 
@@ -601,6 +608,29 @@ func (s *scenario) apiWrites() map[string]float64 {
 			if sub := labels["subresource"]; sub != "" {
 				res += "/" + sub
 			}
+			out[res] += v
+		}
+	}
+	return out
+}
+
+// watchEvents reads the API server's apiserver_watch_events_total by
+// resource (kind on older servers).
+func (s *scenario) watchEvents() map[string]float64 {
+	s.t.Helper()
+	b, err := tb.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(s.ctx)
+	if err != nil {
+		s.t.Fatalf("API server metrics: %v", err)
+	}
+	out := map[string]float64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "apiserver_watch_events_total{") {
+			continue
+		}
+		labels := promLabels(l)
+		res := cmpOr(labels["resource"], labels["kind"])
+		f := strings.Fields(l)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
 			out[res] += v
 		}
 	}
