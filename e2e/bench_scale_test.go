@@ -587,10 +587,7 @@ func vmRSS(pid int) int64 {
 // write requests (POST, PUT, PATCH, DELETE, APPLY) by resource.
 func (s *scenario) apiWrites() map[string]float64 {
 	s.t.Helper()
-	b, err := tb.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(s.ctx)
-	if err != nil {
-		s.t.Fatalf("API server metrics: %v", err)
-	}
+	b := s.apiMetrics()
 	out := map[string]float64{}
 	for _, l := range strings.Split(string(b), "\n") {
 		if !strings.HasPrefix(l, "apiserver_request_total{") {
@@ -618,10 +615,7 @@ func (s *scenario) apiWrites() map[string]float64 {
 // resource (kind on older servers).
 func (s *scenario) watchEvents() map[string]float64 {
 	s.t.Helper()
-	b, err := tb.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(s.ctx)
-	if err != nil {
-		s.t.Fatalf("API server metrics: %v", err)
-	}
+	b := s.apiMetrics()
 	out := map[string]float64{}
 	for _, l := range strings.Split(string(b), "\n") {
 		if !strings.HasPrefix(l, "apiserver_watch_events_total{") {
@@ -635,6 +629,22 @@ func (s *scenario) watchEvents() map[string]float64 {
 		}
 	}
 	return out
+}
+
+// apiMetrics reads the API server's /metrics, retrying: on a loaded
+// machine one request may time out.
+func (s *scenario) apiMetrics() []byte {
+	s.t.Helper()
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		var b []byte
+		if b, err = tb.Kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(s.ctx); err == nil {
+			return b
+		}
+		time.Sleep(2 * time.Second)
+	}
+	s.t.Fatalf("API server metrics: %v", err)
+	return nil
 }
 
 // promLabels parses the labels of one Prometheus text line.
