@@ -6,7 +6,7 @@ KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
 
-.PHONY: all build test charts unit vet fmt-check lint root e2e e2e-kernel flake bench generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build test charts unit vet fmt-check lint root e2e e2e-kernel flake bench bench-scale generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
@@ -61,6 +61,12 @@ test: deps fmt-check vet lint root charts e2e e2e-kernel
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+
+## bench-scale: the scale benchmark (not part of test): 1,000 Nodes with live
+## heartbeats, 3 real daemons, full and location mesh; reports figures (see
+## docs/scale.md). BENCH_NODES, BENCH_STEADY, BENCH_MODES, ... tune it.
+bench-scale: deps kube-binaries
+	BENCH_SCALE=1 $(GO) test -tags e2e -count=1 -timeout 180m -v -run '^TestBenchScale$$' ./e2e/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 5s; FUZZTIME=5m make fuzz for longer).
 .PHONY: fuzz

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os/exec"
@@ -11,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -141,38 +139,12 @@ func renderGraph(m *model) string {
 	return b.String()
 }
 
-// AnnotationHandshakes is the annotation meshctl reads the latest
-// handshakes from: a JSON object mapping a remote public key to the Unix
-// time (seconds) of the latest handshake with it, published by meshd on its
-// Node. (Not published by meshd yet; see docs/meshctl.md.)
-const AnnotationHandshakes = k8s.AnnotationHandshakes
-
-// handshakes parses a node's meshd.io/handshakes annotation.
-func handshakes(m *model, node string) (map[wgtypes.Key]time.Time, error) {
-	o, ok := m.Objs[node]
-	if !ok {
-		return nil, nil
-	}
-	v := strings.TrimSpace(o.Annotations[AnnotationHandshakes])
-	if v == "" {
-		return nil, nil
-	}
-	var raw map[string]int64
-	if err := json.Unmarshal([]byte(v), &raw); err != nil {
-		return nil, fmt.Errorf("ignoring %s of node %s: want a JSON object {\"<public key>\": <unix seconds>}: %w", AnnotationHandshakes, node, err)
-	}
-	out := make(map[wgtypes.Key]time.Time, len(raw))
-	for k, ts := range raw {
-		key, err := wgtypes.ParseKey(k)
-		if err != nil {
-			return nil, fmt.Errorf("ignoring %s of node %s: %q is not a WireGuard public key", AnnotationHandshakes, node, k)
-		}
-		if ts > 0 {
-			out[key] = time.Unix(ts, 0)
-		}
-	}
-	return out, nil
-}
+// recentHandshake is what status shows for a link whose leader publishes
+// the remote's endpoint in meshd.io/discovered-endpoints: a handshake
+// within DiscoveredFresh, kept published for DiscoveredLinger after the last
+// one (see k8s.DiscoveredEndpoints). Exact handshake times are local to
+// each node (metrics, wg show): meshd does not write them to the API.
+var recentHandshake = fmt.Sprintf("<%dm", int((k8s.DiscoveredFresh + k8s.DiscoveredLinger).Minutes()))
 
 // link is one WireGuard link as one leader configures it.
 type link struct {
@@ -181,10 +153,9 @@ type link struct {
 	Handshake string
 }
 
-// links lists every leader's WireGuard peers with the latest handshake as
-// the leader published it: the age in seconds from meshd.io/handshakes,
-// else "<180s" when the leader lists the peer in its discovered endpoints
-// (published only after a handshake within 3 minutes), else "-".
+// links lists every leader's WireGuard peers with what the API tells of
+// their latest handshake: recentHandshake when the leader lists the peer in
+// its discovered endpoints, else "-".
 func (m *model) links() (ls []link, problems []string) {
 	var zero wgtypes.Key
 	t := m.Topo
@@ -192,17 +163,10 @@ func (m *model) links() (ls []link, problems []string) {
 		if a.PublicKey == zero {
 			continue
 		}
-		hs, err := handshakes(m, a.Leader)
-		if err != nil {
-			problems = append(problems, err.Error())
-		}
 		n, _ := m.node(a.Leader)
 		age := func(k wgtypes.Key) string {
-			if ts, ok := hs[k]; ok {
-				return strconv.Itoa(max(0, seconds(m.Now.Sub(ts)))) + "s"
-			}
 			if _, ok := n.DiscoveredEndpoints[k]; ok {
-				return "<180s"
+				return recentHandshake
 			}
 			return "-"
 		}

@@ -106,8 +106,8 @@ func fixture() (nodes []runtime.Object, leases []runtime.Object, peers []runtime
 	nodes = []runtime.Object{
 		node(nodeSpec{name: "eu-1", region: "eu", internal: "192.168.1.1", external: "203.0.113.1", pod: "10.1.0.0/24", key: 1,
 			ann: map[string]string{
-				k8s.AnnotationWireGuardIP: "10.4.0.1",
-				AnnotationHandshakes:      fmt.Sprintf(`{%q: %d}`, pub(3).String(), now.Add(-42*time.Second).Unix()),
+				k8s.AnnotationWireGuardIP:         "10.4.0.1",
+				k8s.AnnotationDiscoveredEndpoints: fmt.Sprintf(`{%q: "198.51.100.1:51820"}`, pub(3).String()),
 			}}),
 		node(nodeSpec{name: "eu-2", region: "eu", internal: "192.168.1.2", pod: "10.1.1.0/24", key: 2}),
 		node(nodeSpec{name: "us-1", region: "us", internal: "192.168.2.1", external: "198.51.100.1", pod: "10.2.0.0/24", key: 3,

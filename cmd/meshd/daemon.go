@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -58,6 +57,7 @@ type daemon struct {
 	// prober and probeChanged: the data-plane failover signal (failover.go).
 	prober       *probe.Prober
 	probeChanged chan struct{}
+	filter       nodeFilter
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -99,6 +99,12 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
+	registerClientMetrics(m)
+	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
+	if ipt6 != nil {
+		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
+	}
+	reg.MustRegister(writes)
 	// Writes from the reconcile (node annotations, Events) get a request
 	// timeout, so a hung API server cannot stall the single worker; the
 	// informers' long-running watches keep the untimed client.
@@ -139,11 +145,16 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
-	factory := informers.NewSharedInformerFactory(clients.Kube, c.ResyncPeriod)
+	d.filter = nodeFilter{self: c.Hostname, parse: k8s.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
+	// Lean caches (cache.go): only what meshd reads is kept.
+	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
-	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace))
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
 	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
+	if err := setTransform(d.peers, dropManagedFields); err != nil {
+		return nil, err
+	}
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
@@ -168,13 +179,31 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 // enqueue asks for a reconcile soon; repeated calls coalesce.
 func (d *daemon) enqueue() { d.coalesce.signal() }
 
+// handler enqueues a reconcile on every Peer event but informer resyncs
+// (the same object again: the resync ticker covers them).
 func (d *daemon) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { d.enqueue() },
 		UpdateFunc: func(old, cur any) {
+			if sameVersion(old, cur) {
+				return
+			}
+			d.enqueue()
+		},
+		DeleteFunc: func(any) { d.enqueue() },
+	}
+}
+
+// nodeHandler enqueues a reconcile for Node adds and deletes, and for
+// updates that change the mesh input (see nodeFilter).
+func (d *daemon) nodeHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { d.enqueue() },
+		UpdateFunc: func(old, cur any) {
 			if o, ok := old.(*corev1.Node); ok {
-				if n, ok := cur.(*corev1.Node); ok && !nodeChanged(o, n) {
-					return // kubelet status heartbeats, handshake times: nothing to plan
+				if n, ok := cur.(*corev1.Node); ok && !d.filter.changed(o, n) {
+					d.rec.metrics.filtered.Inc()
+					return // kubelet heartbeats, our own writes, resyncs: nothing to plan
 				}
 			}
 			d.enqueue()
@@ -183,22 +212,10 @@ func (d *daemon) handler() cache.ResourceEventHandler {
 	}
 }
 
-// nodeChanged reports whether an update touches anything the plan reads:
-// labels, annotations (but for handshake times), pod CIDRs and addresses.
-// The periodic resync still reconciles everything.
-func nodeChanged(old, cur *corev1.Node) bool {
-	if !maps.Equal(old.Labels, cur.Labels) ||
-		old.Spec.PodCIDR != cur.Spec.PodCIDR || !slices.Equal(old.Spec.PodCIDRs, cur.Spec.PodCIDRs) ||
-		!slices.Equal(old.Status.Addresses, cur.Status.Addresses) ||
-		len(old.Annotations) != len(cur.Annotations) {
-		return true
-	}
-	for k, v := range old.Annotations {
-		if w, ok := cur.Annotations[k]; !ok || (v != w && k != k8s.AnnotationHandshakes) {
-			return true
-		}
-	}
-	return false
+func sameVersion(old, cur any) bool {
+	o, err1 := meta.Accessor(old)
+	c, err2 := meta.Accessor(cur)
+	return err1 == nil && err2 == nil && o.GetResourceVersion() != "" && o.GetResourceVersion() == c.GetResourceVersion()
 }
 
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
@@ -264,7 +281,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	for _, inf := range []struct {
 		i cache.SharedIndexInformer
 		h cache.ResourceEventHandler
-	}{{d.nodes, d.handler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}, {d.secrets, d.secretHandler()}} {
+	}{{d.nodes, d.nodeHandler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}, {d.secrets, d.secretHandler()}} {
 		if _, err := inf.i.AddEventHandler(inf.h); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}

@@ -83,6 +83,10 @@ func (d *device) scheduleHandshakeRetries() {
 		d.scheduleHandshakeRetries()
 	})
 }
+
+// Writes counts the writes of the current device (reset when reopened).
+func (d *device) Writes() uint64 { return d.current().Writes() }
+
 func (d *device) Kind() string  { return d.current().Kind() }
 func (d *device) Close() error  { return d.current().Close() }
 func (d *device) Delete() error { return d.current().Delete() }

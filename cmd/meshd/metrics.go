@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	clientmetrics "k8s.io/client-go/tools/metrics"
 
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
@@ -25,6 +27,11 @@ type metrics struct {
 	leader     prometheus.Gauge
 	panics     prometheus.Counter
 	staleLinks prometheus.Gauge
+	// filtered counts Node updates dropped before the queue (nothing the
+	// planner reads changed).
+	filtered prometheus.Counter
+	// apiRequests counts this process's requests to the API server.
+	apiRequests *prometheus.CounterVec
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
@@ -55,16 +62,53 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 			Name: "meshd_linked_clusters_stale", Help: "Linked clusters whose peers come from their last known state (their Nodes not listed since meshd started or the link changed, or the link Secret unusable).",
 		}),
 		names: map[wgtypes.Key]string{},
+		filtered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshd_node_updates_filtered_total", Help: "Node updates that changed nothing the planner reads, dropped before the reconcile queue.",
+		}),
+		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshd_api_requests_total", Help: "Requests to the API server by HTTP method and status code (a watch counts once, when opened).",
+		}, []string{"method", "code"}),
 	}
 	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
 		m.errors.WithLabelValues(ph)
 	}
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks,
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks, m.filtered, m.apiRequests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})
 	}
 	return m
+}
+
+// Increment implements client-go's request result metric
+// (k8s.io/client-go/tools/metrics), feeding meshd_api_requests_total.
+func (m *metrics) Increment(_ context.Context, code, method, _ string) {
+	m.apiRequests.WithLabelValues(method, code).Inc()
+}
+
+// registerClientMetrics makes client-go count this process's API requests
+// in m. client-go accepts one registration per process (the first wins).
+func registerClientMetrics(m *metrics) {
+	clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: m})
+}
+
+// executorWrites exposes the executors' own write counters as
+// meshd_executor_writes_total{executor}: wireguard (ConfigureDevice and
+// link writes), routes (netlink route and rule writes) and iptables
+// (iptables-restore transactions, both families). Zero writes at idle is the
+// sign of a settled node.
+type executorWrites map[string]func() uint64
+
+var descExecutorWrites = prometheus.NewDesc("meshd_executor_writes_total",
+	"Writes to the kernel by executor (wireguard: device and link writes; routes: route and rule writes; iptables: restore transactions).",
+	[]string{"executor"}, nil)
+
+func (e executorWrites) Describe(ch chan<- *prometheus.Desc) { ch <- descExecutorWrites }
+
+func (e executorWrites) Collect(ch chan<- prometheus.Metric) {
+	for name, f := range e {
+		ch <- prometheus.MustNewConstMetric(descExecutorWrites, prometheus.CounterValue, float64(f()), name)
+	}
 }
 
 func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }

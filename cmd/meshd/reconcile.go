@@ -56,7 +56,7 @@ type (
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
 // published for NAT traversal.
-const discoveredFresh = 3 * time.Minute
+const discoveredFresh = k8s.DiscoveredFresh
 
 // reconciler runs one pass of snapshot → plan → apply → report.
 type reconciler struct {
@@ -106,6 +106,9 @@ type reconciler struct {
 	// linkPeers are the last known peers of every linked cluster, by link
 	// Secret name (persisted with the plan).
 	linkPeers map[string][]mesh.Peer
+	// discovered decides which discovered endpoints this node publishes
+	// (with hysteresis); the plan uses the same view for this node.
+	discovered k8s.DiscoveredEndpoints
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -267,6 +270,7 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 	if self == nil {
 		return nil, nil, nil, fmt.Errorf("node %q not found in the API (set --hostname or $NODE_NAME to this node's Node name)", r.node)
 	}
+	r.observeDiscovered(self)
 	for i := range in.Nodes {
 		if in.Nodes[i].Name == r.node {
 			in.Nodes[i] = r.selfNode(self)
@@ -285,6 +289,7 @@ func (r *reconciler) selfNode(o *corev1.Node) mesh.Node {
 	delete(o.Annotations, k8s.AnnotationInternalIP)
 	n, _ := k8s.NodeFromObject(o, k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port})
 	n.PublicKey = r.key.PublicKey()
+	n.DiscoveredEndpoints = r.discovered.Published()
 	if len(n.InternalIPs) == 0 {
 		n.InternalIPs = slices.Clone(r.facts.addrs)
 	}
@@ -414,19 +419,22 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	if self.Annotations[k8s.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
 		pub.Endpoint = me.Endpoint.Addr
 	}
-	if stats, err := r.device.Stats(); err == nil {
-		pub.DiscoveredEndpoints = discovered(stats, time.Now())
-		for _, st := range stats {
-			if !st.LastHandshake.IsZero() {
-				if pub.Handshakes == nil {
-					pub.Handshakes = map[wgtypes.Key]time.Time{}
-				}
-				pub.Handshakes[st.PublicKey] = st.LastHandshake
-			}
-		}
-	}
+	pub.DiscoveredEndpoints = me.DiscoveredEndpoints
 	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
 	return err
+}
+
+// observeDiscovered feeds the endpoints of peers with a recent handshake
+// into the hysteresis (k8s.DiscoveredEndpoints), which starts from what this
+// node published before. Handshake times themselves stay local (metrics).
+func (r *reconciler) observeDiscovered(self *corev1.Node) {
+	now := time.Now()
+	if prev, _ := k8s.NodeFromObject(self, k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port}); prev.DiscoveredEndpoints != nil {
+		r.discovered.Seed(now, prev.DiscoveredEndpoints)
+	}
+	if stats, err := r.device.Stats(); err == nil {
+		r.discovered.Observe(now, discovered(stats, now))
+	}
 }
 
 // discovered returns the endpoints of peers with a recent handshake.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -242,29 +243,146 @@ func indexOf(s, sub string) int {
 	return -1
 }
 
-// TestNodeChangedIgnoresHeartbeats: kubelet status heartbeats and handshake
-// times must not trigger reconciles; anything the plan reads must.
-func TestNodeChangedIgnoresHeartbeats(t *testing.T) {
+// TestNodeFilter: kubelet status heartbeats, other components' annotations,
+// resyncs and a node's own published annotations must not trigger
+// reconciles; anything the plan reads must.
+func TestNodeFilter(t *testing.T) {
+	f := nodeFilter{self: "self", parse: k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}}
 	base := testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t))
 	base.Annotations[k8s.AnnotationHandshakes] = `{}`
 	same := base.DeepCopy()
 	same.ResourceVersion = "42"
 	same.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
 	same.Annotations[k8s.AnnotationHandshakes] = `{"x":1}`
-	if nodeChanged(base, same) {
-		t.Error("a status heartbeat or a handshake time counted as a change")
+	same.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	same.Labels["kubernetes.io/os"] = "linux"
+	if f.changed(base, same) {
+		t.Error("a status heartbeat, a handshake time or an unrelated annotation or label counted as a change")
 	}
+	k2 := newKey(t).PublicKey()
 	for name, mutate := range map[string]func(n *corev1.Node){
-		"label":      func(n *corev1.Node) { n.Labels["topology.kubernetes.io/region"] = "b" },
-		"annotation": func(n *corev1.Node) { n.Annotations[k8s.AnnotationLeader] = "true" },
-		"key":        func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = "x" },
-		"podCIDRs":   func(n *corev1.Node) { n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd42::/64") },
-		"address":    func(n *corev1.Node) { n.Status.Addresses[0].Address = "198.51.100.99" },
+		"location label": func(n *corev1.Node) { n.Labels["topology.kubernetes.io/region"] = "b" },
+		"leader":         func(n *corev1.Node) { n.Annotations[k8s.AnnotationLeader] = "true" },
+		"key":            func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = newKey(t).PublicKey().String() },
+		"malformed key":  func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = "x" },
+		"podCIDRs":       func(n *corev1.Node) { n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd42::/64") },
+		"address":        func(n *corev1.Node) { n.Status.Addresses[0].Address = "198.51.100.99" },
+		"discovered": func(n *corev1.Node) {
+			n.Annotations[k8s.AnnotationDiscoveredEndpoints] = `{"` + k2.String() + `":"203.0.113.9:4000"}`
+		},
 	} {
 		n := base.DeepCopy()
 		mutate(n)
-		if !nodeChanged(base, n) {
+		if !f.changed(base, n) {
 			t.Errorf("%s change not seen", name)
 		}
+	}
+	// A bad value replaced by another bad value: the plan is the same but
+	// the problem to report differs.
+	bad1, bad2 := base.DeepCopy(), base.DeepCopy()
+	bad1.Annotations[k8s.AnnotationPersistentKeepalive] = "abc"
+	bad2.Annotations[k8s.AnnotationPersistentKeepalive] = "abd"
+	if !f.changed(bad1, bad2) {
+		t.Error("a changed malformed annotation not seen")
+	}
+}
+
+// TestOwnWritesDoNotTrigger: what meshd publishes on its own Node is not a
+// change for that node's filter (but is for everyone else's), and a
+// handshake alone makes no API write.
+func TestOwnWritesDoNotTrigger(t *testing.T) {
+	ctx := context.Background()
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)),
+	)
+	before, err := f.kube.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, err := f.kube.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Annotations[k8s.AnnotationPublicKey] == "" {
+		t.Fatal("nothing published")
+	}
+	parse := k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
+	if (nodeFilter{self: "a1", parse: parse}).changed(before, after) {
+		t.Error("a1's own publish triggers a1's reconcile")
+	}
+	if !(nodeFilter{self: "b1", parse: parse}).changed(before, after) {
+		t.Error("a1's publish is not seen by b1")
+	}
+	// Handshakes come and go: no API write, and no handshakes annotation.
+	// (The first handshake publishes b1's endpoint as discovered, once.)
+	dev, _ := f.wgc.Device("meshd0")
+	for _, p := range dev.Peers {
+		f.wgc.SetHandshake("meshd0", p.PublicKey, time.Now())
+	}
+	f.refresh(t)
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.refresh(t)
+	if err := f.rec.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	settled := f.counters()
+	for i := 1; i < 4; i++ {
+		for _, p := range dev.Peers {
+			f.wgc.SetHandshake("meshd0", p.PublicKey, time.Now().Add(time.Duration(i)*time.Minute))
+		}
+		f.refresh(t)
+		if err := f.rec.reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.counters(); got.patches != settled.patches {
+		t.Errorf("handshakes caused %d API writes", got.patches-settled.patches)
+	}
+	me, _ := f.kube.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
+	if v, ok := me.Annotations[k8s.AnnotationHandshakes]; ok {
+		t.Errorf("handshakes published: %s", v)
+	}
+}
+
+// TestLeanNodeKeepsMeshInput: the informer transform drops what meshd never
+// reads and keeps everything the planner does.
+func TestLeanNodeKeepsMeshInput(t *testing.T) {
+	n := testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t))
+	n.Annotations[k8s.AnnotationLeader] = "true"
+	n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	n.UID, n.ResourceVersion = "uid-1", "7"
+	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+	n.Status.Images = []corev1.ContainerImage{{Names: []string{"registry.example/big:1"}, SizeBytes: 1 << 30}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	n.Status.NodeInfo.KubeletVersion = "v1.36.3"
+	n.Spec.Taints = []corev1.Taint{{Key: "x", Effect: corev1.TaintEffectNoSchedule}}
+	o, err := leanNode(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lean := o.(*corev1.Node)
+	if lean.ManagedFields != nil || lean.Status.Images != nil || lean.Status.Conditions != nil || lean.Status.NodeInfo.KubeletVersion != "" || lean.Spec.Taints != nil {
+		t.Errorf("lean Node keeps what meshd never reads: %+v", lean)
+	}
+	if _, ok := lean.Annotations["node.alpha.kubernetes.io/ttl"]; ok {
+		t.Error("lean Node keeps another component's annotation")
+	}
+	if lean.Name != n.Name || lean.UID != n.UID || lean.ResourceVersion != n.ResourceVersion {
+		t.Errorf("lean Node lost its identity: %+v", lean.ObjectMeta)
+	}
+	parse := k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
+	want, _ := k8s.NodeFromObject(n, parse)
+	got, _ := k8s.NodeFromObject(lean, parse)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("mesh input changed by the transform:\n got %+v\nwant %+v", got, want)
+	}
+	if (nodeFilter{self: "other", parse: parse}).changed(n, lean) {
+		t.Error("the filter sees a difference between a Node and its lean copy")
 	}
 }

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -158,4 +161,159 @@ func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, 
 		return fmt.Errorf("setting status of fake Node %s: %w", f.Name, err)
 	}
 	return nil
+}
+
+// MaxWideFakeNodes is how many fake nodes FakeNodesWide can make.
+const MaxWideFakeNodes = 1024
+
+// FakeNodesWide is FakeNodes for up to MaxWideFakeNodes fake nodes (scale
+// benchmarks): pod CIDRs 10.<200+i/256>.<i%256>.0/24 (10.200.0.0/14, clear
+// of the testbed's pod, mesh and service ranges), endpoints as FakeNodes
+// (address i mod 16 of FakeEndpointPrefix, port 51820 + i/16), and regions
+// region(i) (FakeNodes' fake-<i mod 4> when region is nil).
+func FakeNodesWide(prefix string, first, count int, region func(i int) string) ([]FakeNode, error) {
+	if first < 0 || first+count > MaxWideFakeNodes {
+		return nil, fmt.Errorf("fake nodes %d..%d: want indexes in [0, %d)", first, first+count-1, MaxWideFakeNodes)
+	}
+	if region == nil {
+		region = func(i int) string { return fmt.Sprintf("fake-%d", i%4) }
+	}
+	out := make([]FakeNode, 0, count)
+	for i := first; i < first+count; i++ {
+		priv, err := wgtypes.GeneratePrivateKey()
+		if err != nil {
+			return nil, err
+		}
+		addr := addrAdd(FakeEndpointPrefix.Addr(), i%16)
+		out = append(out, FakeNode{
+			Name:       fmt.Sprintf("%s-%d", prefix, i),
+			Region:     region(i),
+			PublicKey:  priv.PublicKey(),
+			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
+			InternalIP: addr,
+			PodCIDR:    netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + i/256), byte(i % 256), 0}), 24),
+		})
+	}
+	return out, nil
+}
+
+// FakeHeartbeats keeps the heartbeat Leases of fake nodes renewed, as meshd
+// does for a real node (Lease meshd-<node> in LeaseNamespace, one update
+// per interval), so that liveness at scale is measured with live
+// heartbeats. Renewals are spread evenly over the interval.
+type FakeHeartbeats struct {
+	tb       *Testbed
+	kc       kubernetes.Interface
+	interval time.Duration
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	renewals, failures atomic.Int64
+}
+
+// StartFakeHeartbeats starts renewing fake nodes' Leases every interval
+// until Stop (or ctx ends). Add more nodes with Add.
+func (tb *Testbed) StartFakeHeartbeats(ctx context.Context, interval time.Duration) (*FakeHeartbeats, error) {
+	kc, err := tb.fastKube()
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	return &FakeHeartbeats{tb: tb, kc: kc, interval: interval, ctx: hctx, cancel: cancel}, nil
+}
+
+// Add creates the Leases of nodes (parallel creates) and renews them from
+// now on. It returns the first creation error.
+func (h *FakeHeartbeats) Add(nodes []FakeNode, parallel int) error {
+	leases := make([]*coordinationv1.Lease, len(nodes))
+	errc := make(chan error, len(nodes))
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < max(parallel, 1); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				l, err := h.kc.CoordinationV1().Leases(LeaseNamespace).Create(h.ctx, h.lease(nodes[i].Name, time.Now()), metav1.CreateOptions{})
+				if err != nil {
+					errc <- fmt.Errorf("creating the Lease of fake node %s: %w", nodes[i].Name, err)
+					continue
+				}
+				leases[i] = l
+			}
+		}()
+	}
+	for i := range nodes {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errc)
+	if err := <-errc; err != nil {
+		return err
+	}
+	for i, l := range leases {
+		// Spread the first renewals over one interval.
+		delay := time.Duration(i) * h.interval / time.Duration(len(leases))
+		h.wg.Add(1)
+		go h.run(l, delay)
+	}
+	return nil
+}
+
+func (h *FakeHeartbeats) lease(node string, now time.Time) *coordinationv1.Lease {
+	holder := node
+	dur := int32(4 * h.interval / time.Second)
+	mt := metav1.NewMicroTime(now)
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "meshd-" + node, Namespace: LeaseNamespace, Labels: map[string]string{
+			"meshd.io/node": node, "app.kubernetes.io/managed-by": "meshd", "e2e.meshd.io/fake": "true",
+		}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &mt, RenewTime: &mt},
+	}
+}
+
+func (h *FakeHeartbeats) run(l *coordinationv1.Lease, delay time.Duration) {
+	defer h.wg.Done()
+	select {
+	case <-h.ctx.Done():
+		return
+	case <-time.After(delay):
+	}
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	for {
+		mt := metav1.NewMicroTime(time.Now())
+		l.Spec.RenewTime = &mt
+		updated, err := h.kc.CoordinationV1().Leases(LeaseNamespace).Update(h.ctx, l, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			l = updated
+			h.renewals.Add(1)
+		case h.ctx.Err() != nil:
+			return
+		default:
+			h.failures.Add(1)
+			if cur, gerr := h.kc.CoordinationV1().Leases(LeaseNamespace).Get(h.ctx, l.Name, metav1.GetOptions{}); gerr == nil {
+				l = cur // a conflict: renew the current one next time
+			}
+		}
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Counts returns the renewals made and failed so far.
+func (h *FakeHeartbeats) Counts() (renewals, failures int64) {
+	return h.renewals.Load(), h.failures.Load()
+}
+
+// Stop ends every renewal and waits for them.
+func (h *FakeHeartbeats) Stop() {
+	h.cancel()
+	h.wg.Wait()
 }

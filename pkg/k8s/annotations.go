@@ -47,10 +47,11 @@ const (
 	// key to the "ip:port" learned from its handshakes (set by meshd).
 	AnnotationDiscoveredEndpoints = AnnotationPrefix + "discovered-endpoints"
 
-	// AnnotationHandshakes is set by meshd on leaders: a JSON object mapping
-	// each WireGuard peer's public key to the Unix time (seconds, rounded
-	// down to the minute to keep Node writes rare) of its latest handshake.
-	// meshctl status reads it; it never affects the plan.
+	// AnnotationHandshakes was set by earlier meshd versions (handshake
+	// times per peer, rounded to the minute): a Node write per node every
+	// few minutes, delivered to every other node. meshd no longer publishes
+	// it and removes it from its Node; handshake times are local data (the
+	// meshd_wireguard_peer_last_handshake_seconds metric, wg show).
 	AnnotationHandshakes = AnnotationPrefix + "handshakes"
 
 	// FieldManager is the field manager of meshd's writes.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -25,13 +26,14 @@ type Published struct {
 	InternalIPs         []netip.Addr
 	WireGuardIPs        []netip.Addr
 	DiscoveredEndpoints map[wgtypes.Key]netip.AddrPort
-	// Handshakes are the latest handshake times per peer (for meshctl status).
-	Handshakes map[wgtypes.Key]time.Time
 }
 
 // NodeAnnotations renders pub as the annotations meshd owns. Every owned
 // annotation is present in the result; an empty value means "absent" (and
-// makes PublishNode remove it).
+// makes PublishNode remove it). Volatile data (handshake times, counters)
+// is never published: it would make every node write its Node, and every
+// other node receive that write, forever. The legacy meshd.io/handshakes
+// annotation is therefore always rendered empty (removed once on upgrade).
 func NodeAnnotations(pub Published) map[string]string {
 	out := make(map[string]string, len(PublishedAnnotations()))
 	for _, k := range PublishedAnnotations() {
@@ -56,19 +58,6 @@ func NodeAnnotations(pub Published) map[string]string {
 			b, err := json.Marshal(m) // sorted keys: stable output
 			if err == nil {
 				out[AnnotationDiscoveredEndpoints] = string(b)
-			}
-		}
-	}
-	if len(pub.Handshakes) > 0 {
-		m := make(map[string]int64, len(pub.Handshakes))
-		for k, v := range pub.Handshakes {
-			if !v.IsZero() {
-				m[k.String()] = v.Unix() / 60 * 60
-			}
-		}
-		if len(m) > 0 {
-			if b, err := json.Marshal(m); err == nil {
-				out[AnnotationHandshakes] = string(b)
 			}
 		}
 	}
@@ -134,4 +123,140 @@ func PublishNode(ctx context.Context, c kubernetes.Interface, nodeName string, w
 		return false, fmt.Errorf("publishing annotations on node %s: %w", nodeName, err)
 	}
 	return true, nil
+}
+
+// Discovered endpoints: how long they must be stable, and how long they
+// outlive their last handshake.
+const (
+	// DiscoveredFresh is how recent a handshake must be for its endpoint to
+	// count as observed.
+	DiscoveredFresh = 3 * time.Minute
+	// DiscoveredSettle is how long a changed endpoint must be observed,
+	// unchanged, before it replaces the one published for that peer.
+	DiscoveredSettle = 30 * time.Second
+	// DiscoveredLinger is how long a published endpoint stays published
+	// after it was last observed (idle links stop handshaking).
+	DiscoveredLinger = 10 * time.Minute
+)
+
+// DiscoveredEndpoints decides which endpoints, learned from WireGuard
+// handshakes, a node publishes in meshd.io/discovered-endpoints, with
+// hysteresis so that the Node is written only when an endpoint really
+// changed:
+//   - a peer with nothing published gets its observed endpoint at once
+//     (nothing is replaced; NAT traversal needs it now);
+//   - a different endpoint replaces the published one only once it has been
+//     observed, unchanged, for Settle (a NAT rebinding flapping between two
+//     ports, or a roaming laptop, costs no writes until it settles);
+//   - a published endpoint that is no longer observed (no handshake within
+//     DiscoveredFresh: an idle link, or the peer left) is withdrawn only
+//     Linger after it was last observed.
+//
+// The zero value uses DiscoveredSettle and DiscoveredLinger. It is safe for
+// concurrent use.
+type DiscoveredEndpoints struct {
+	Settle, Linger time.Duration
+
+	mu        sync.Mutex
+	seeded    bool
+	published map[wgtypes.Key]netip.AddrPort
+	seen      map[wgtypes.Key]time.Time // when published[k] was last observed
+	candidate map[wgtypes.Key]discoveredCandidate
+}
+
+type discoveredCandidate struct {
+	ap    netip.AddrPort
+	since time.Time
+}
+
+// Seed starts from what the node published before (its annotation after a
+// restart), as if observed at now; only the first Seed or Observe counts.
+func (d *DiscoveredEndpoints) Seed(now time.Time, published map[wgtypes.Key]netip.AddrPort) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seeded {
+		return
+	}
+	d.init()
+	for k, ap := range published {
+		if ap.IsValid() {
+			d.published[k] = ap
+			d.seen[k] = now
+		}
+	}
+}
+
+func (d *DiscoveredEndpoints) init() {
+	d.seeded = true
+	if d.published == nil {
+		d.published = map[wgtypes.Key]netip.AddrPort{}
+		d.seen = map[wgtypes.Key]time.Time{}
+		d.candidate = map[wgtypes.Key]discoveredCandidate{}
+	}
+}
+
+// Observe records the endpoints observed at now (peers with a handshake
+// within DiscoveredFresh) and returns the endpoints to publish (a copy;
+// nil when none).
+func (d *DiscoveredEndpoints) Observe(now time.Time, observed map[wgtypes.Key]netip.AddrPort) map[wgtypes.Key]netip.AddrPort {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.init()
+	settle, linger := d.Settle, d.Linger
+	if settle <= 0 {
+		settle = DiscoveredSettle
+	}
+	if linger <= 0 {
+		linger = DiscoveredLinger
+	}
+	for k, ap := range observed {
+		if !ap.IsValid() {
+			continue
+		}
+		cur, ok := d.published[k]
+		switch {
+		case ok && cur == ap, !ok:
+			d.published[k] = ap
+			d.seen[k] = now
+			delete(d.candidate, k)
+		default:
+			c, ok := d.candidate[k]
+			if !ok || c.ap != ap {
+				d.candidate[k] = discoveredCandidate{ap: ap, since: now}
+				continue
+			}
+			if now.Sub(c.since) >= settle {
+				d.published[k] = ap
+				d.seen[k] = now
+				delete(d.candidate, k)
+			}
+		}
+	}
+	for k := range d.candidate {
+		if _, ok := observed[k]; !ok {
+			delete(d.candidate, k) // a candidate must be observed without a gap
+		}
+	}
+	for k := range d.published {
+		if _, ok := observed[k]; !ok && now.Sub(d.seen[k]) >= linger {
+			delete(d.published, k)
+			delete(d.seen, k)
+		}
+	}
+	return d.publishedLocked()
+}
+
+// Published returns the endpoints to publish as of the last Observe or Seed
+// (a copy; nil when none).
+func (d *DiscoveredEndpoints) Published() map[wgtypes.Key]netip.AddrPort {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.publishedLocked()
+}
+
+func (d *DiscoveredEndpoints) publishedLocked() map[wgtypes.Key]netip.AddrPort {
+	if len(d.published) == 0 {
+		return nil
+	}
+	return maps.Clone(d.published)
 }

@@ -52,10 +52,10 @@ func TestNodeAnnotationsRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(a, NodeAnnotations(pub)) {
 		t.Error("NodeAnnotations is not deterministic")
 	}
-	// Handshake times are published rounded down to the minute.
-	pub.Handshakes = map[wgtypes.Key]time.Time{k2: time.Unix(1700000099, 0)}
-	if got, want := NodeAnnotations(pub)[AnnotationHandshakes], `{"`+k2.PublicKey().String()+`":1700000040}`; got != want && got != `{"`+k2.String()+`":1700000040}` {
-		t.Errorf("handshakes annotation %s, want %s", got, want)
+	// Handshake times are volatile: never published, and the annotation of
+	// earlier versions is removed.
+	if v, ok := a[AnnotationHandshakes]; !ok || v != "" {
+		t.Errorf("handshakes annotation rendered %q (present %v), want empty (removed)", v, ok)
 	}
 	// The zero value renders every owned annotation empty.
 	for k, v := range NodeAnnotations(Published{}) {
@@ -144,4 +144,54 @@ func assertPatch(t *testing.T, patch []byte, wantAnnotations map[string]any) {
 	if !reflect.DeepEqual(got.Metadata.Annotations, wantAnnotations) {
 		t.Errorf("patch %s\nwant annotations %v", patch, wantAnnotations)
 	}
+}
+
+func TestDiscoveredEndpointsHysteresis(t *testing.T) {
+	k1, k2 := testKey(t, 1), testKey(t, 2)
+	ap := netip.MustParseAddrPort
+	t0 := time.Unix(1700000000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	obs := func(m ...any) map[wgtypes.Key]netip.AddrPort {
+		out := map[wgtypes.Key]netip.AddrPort{}
+		for i := 0; i < len(m); i += 2 {
+			out[m[i].(wgtypes.Key)] = ap(m[i+1].(string))
+		}
+		return out
+	}
+	d := &DiscoveredEndpoints{Settle: 30 * time.Second, Linger: 10 * time.Minute}
+	check := func(step string, got map[wgtypes.Key]netip.AddrPort, want map[wgtypes.Key]netip.AddrPort) {
+		t.Helper()
+		if len(want) == 0 {
+			want = nil
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: published %v, want %v", step, got, want)
+		}
+	}
+	// First sighting: published at once (nothing to replace).
+	check("first", d.Observe(at(0), obs(k1, "198.51.100.1:1000")), obs(k1, "198.51.100.1:1000"))
+	// A new port: not before it has been stable for Settle.
+	check("new port", d.Observe(at(10*time.Second), obs(k1, "198.51.100.1:2000")), obs(k1, "198.51.100.1:1000"))
+	check("new port 20s", d.Observe(at(30*time.Second), obs(k1, "198.51.100.1:2000")), obs(k1, "198.51.100.1:1000"))
+	// Flapping back and forth restarts the clock.
+	check("flap", d.Observe(at(35*time.Second), obs(k1, "198.51.100.1:3000")), obs(k1, "198.51.100.1:1000"))
+	check("flap again", d.Observe(at(70*time.Second), obs(k1, "198.51.100.1:2000")), obs(k1, "198.51.100.1:1000"))
+	// A gap (no observation) restarts it too.
+	check("gap", d.Observe(at(80*time.Second), obs()), obs(k1, "198.51.100.1:1000"))
+	check("after gap", d.Observe(at(101*time.Second), obs(k1, "198.51.100.1:2000")), obs(k1, "198.51.100.1:1000"))
+	// Stable for Settle: replaces.
+	check("settled", d.Observe(at(131*time.Second), obs(k1, "198.51.100.1:2000")), obs(k1, "198.51.100.1:2000"))
+	// No longer observed (idle link): kept for Linger after the last sighting.
+	check("idle", d.Observe(at(5*time.Minute), obs(k2, "198.51.100.2:1")), obs(k1, "198.51.100.1:2000", k2, "198.51.100.2:1"))
+	check("idle 10m", d.Observe(at(131*time.Second+10*time.Minute), obs(k2, "198.51.100.2:1")), obs(k2, "198.51.100.2:1"))
+	check("Published", d.Published(), obs(k2, "198.51.100.2:1"))
+
+	// Seeded from the annotation after a restart: kept while nothing is
+	// observed (no write at restart), replaced only after Settle.
+	d = &DiscoveredEndpoints{}
+	d.Seed(at(0), obs(k1, "198.51.100.1:1000"))
+	d.Seed(at(0), obs(k2, "198.51.100.2:1")) // only the first seed counts
+	check("seeded", d.Observe(at(time.Second), obs()), obs(k1, "198.51.100.1:1000"))
+	check("seeded change", d.Observe(at(2*time.Second), obs(k1, "198.51.100.1:5")), obs(k1, "198.51.100.1:1000"))
+	check("seeded change settled", d.Observe(at(2*time.Second+DiscoveredSettle), obs(k1, "198.51.100.1:5")), obs(k1, "198.51.100.1:5"))
 }
