@@ -11,6 +11,11 @@ cd "$root"
 cp usr/share/base-passwd/passwd.master etc/passwd
 cp usr/share/base-passwd/group.master etc/group
 
+# /var/run and /var/lock point into /run (base-files' postinst).
+rm -rf var/run var/lock
+ln -s /run var/run
+ln -s /run/lock var/lock
+
 # The iptables alternatives (iptables' postinst): nft is Debian's default;
 # meshd --iptables-backend=legacy calls iptables-legacy* directly.
 for fam in iptables ip6tables; do
@@ -48,4 +53,6 @@ rm -rf usr/share/man usr/share/info usr/share/locale usr/share/lintian usr/share
 	usr/bin/localedef usr/bin/iconv usr/sbin/iconvconfig usr/bin/openssl usr/lib/ssl/misc \
 	usr/bin/dpkg usr/bin/dpkg-* usr/sbin/dpkg-* usr/bin/debconf* usr/sbin/installkernel sbin/installkernel \
 	var/lib/dpkg/info var/cache/debconf
-chroot "$root" /sbin/ldconfig 2>/dev/null || ldconfig -r "$root"
+# The loader cache; for a foreign architecture (no emulation) there is none
+# and the loader searches its default multiarch directories.
+chroot "$root" /sbin/ldconfig 2>/dev/null || rm -f etc/ld.so.cache

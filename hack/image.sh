@@ -99,7 +99,10 @@ base_image() { # arch -> prints the local base image reference, building it if n
 			mmdebstrap --quiet --format=tar --variant=extract --architectures="$arch" --include="$packages" \
 				--extract-hook="$PWD/$hook \"\$1\"" "$suite" "$tar.tmp" "${mirrors[@]}" >&2
 			mv "$tar.tmp" "$tar"
-			podman rmi -f "$ref" >/dev/null 2>&1 || true
+			# Bases of an older package list or hook are never used again.
+			find "$CACHE/image" -maxdepth 1 -name "base-$arch-*.tar" ! -name "${tar##*/}" -delete
+			podman images --format '{{.Repository}}:{{.Tag}}' --filter "reference=localhost/meshd-base:*-$arch" |
+				xargs -r podman rmi >/dev/null 2>&1 || true
 		fi
 		if ! podman image exists "$ref"; then
 			podman import --quiet --arch "$arch" --os linux \
