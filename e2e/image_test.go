@@ -289,6 +289,15 @@ func (p podmanEnv) run(t *testing.T, n *testbed.Node, ds *appsv1.DaemonSet, c *c
 			src := v.HostPath.Path
 			if d, ok := perNode[src]; ok {
 				src = d
+			} else if _, err := os.Stat(src); os.IsNotExist(err) && (v.HostPath.Type == nil ||
+				*v.HostPath.Type == corev1.HostPathUnset || *v.HostPath.Type == corev1.HostPathDirectoryOrCreate) {
+				// The container runtime would create the missing directory
+				// (e.g. /lib/modules on this kernel without modules); an
+				// empty one of the node's, instead of touching the host.
+				src = filepath.Join(n.Dir, "hostpath", strings.ReplaceAll(strings.Trim(src, "/"), "/", "_"))
+				if err := os.MkdirAll(src, 0o755); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFileOrCreate {
 				if f, err := os.OpenFile(src, os.O_CREATE|os.O_RDONLY, 0o600); err == nil {

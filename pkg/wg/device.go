@@ -124,7 +124,7 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 		return nil, fmt.Errorf("getting the current network namespace: %w", err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(unlessCurrentNS(ns))
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
