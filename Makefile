@@ -5,14 +5,24 @@ BIN          := bin
 KUBE_VERSION ?= v1.36.3
 export MESHD_CACHE ?= $(HOME)/.cache/meshd
 export KUBE_VERSION
+# The version linked into meshd and meshctl (meshd --version, meshctl version)
+# and stamped on the image.
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS      := -X main.version=$(VERSION)
+# make image IMAGE=REF [PLATFORMS=linux/amd64,linux/arm64] [PUSH=1] (see hack/image.sh)
+IMAGE        ?= localhost/meshd:$(VERSION)
 
-.PHONY: all build test charts unit vet fmt-check lint root e2e e2e-kernel flake bench bench-scale generate verify-generated demo demo-down deps kube-binaries clean
+.PHONY: all build image test charts unit vet fmt-check lint root e2e e2e-kernel flake bench bench-scale generate verify-generated demo demo-down deps kube-binaries clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/meshd ./cmd/meshd
-	@if [ -d cmd/meshctl ]; then $(GO) build -o $(BIN)/meshctl ./cmd/meshctl; fi
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/meshd ./cmd/meshd
+	@if [ -d cmd/meshctl ]; then $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/meshctl ./cmd/meshctl; fi
+
+## image: build the Dockerfile into the local container store (podman; no registry needed).
+image:
+	IMAGE='$(IMAGE)' VERSION='$(VERSION)' PLATFORMS='$(PLATFORMS)' PUSH='$(PUSH)' GO='$(GO)' ./hack/image.sh
 
 ## unit: the fast target — unit tests on fakes, no kernel namespaces, no API server.
 unit:

@@ -68,8 +68,13 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 	if helm, err := osexec.Command(filepath.Join(tb.RepoRoot, "hack", "helm.sh"), "--bin").Output(); err == nil {
 		h := strings.TrimSpace(string(helm))
 		chart := filepath.Join(tb.RepoRoot, "charts", "meshd")
-		docs["helm template (defaults)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--include-crds")
-		docs["helm template (sidecar, mirror)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system",
+		// The chart's kubeVersion is checked against this (helm's default is v1.20).
+		kv := os.Getenv("KUBE_VERSION")
+		if kv == "" {
+			kv = "v1.36.3"
+		}
+		docs["helm template (defaults)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--include-crds", "--kube-version", kv)
+		docs["helm template (sidecar, mirror)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--kube-version", kv,
 			"--set", "userspaceSidecar=true", "--set", "mirror.enabled=true", "--set", "meshGranularity=full")
 	} else if os.Getenv("CI") != "" {
 		t.Fatalf("hack/helm.sh --bin: %v (make test builds helm first)", err)

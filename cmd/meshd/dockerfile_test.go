@@ -10,10 +10,11 @@ import (
 	"testing"
 )
 
-// No Docker engine runs where the tests run, so the image is never built
-// here. This checks what can be checked without one: the Dockerfile's Go
-// version is go.mod's, and its build stage's command (CGO_ENABLED=0,
-// -trimpath, the version linked in) gives static binaries that run.
+// The image itself is built by `make image` (podman, no registry) and run as
+// a node agent in e2e/image_test.go. This checks the Dockerfile's registry
+// path, which needs no container engine: its Go version is go.mod's, and its
+// build stage's command (CGO_ENABLED=0, -trimpath, the version linked in)
+// gives static binaries that run.
 func TestDockerfileBuildStage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds both binaries (-short)")
@@ -67,6 +68,12 @@ func TestDockerfileBuildStage(t *testing.T) {
 	v, err := exec.Command(filepath.Join(out, "meshd"), "version").Output()
 	if err != nil || strings.TrimSpace(string(v)) != "0.0.0-test" {
 		t.Errorf("meshd version = %q, %v; want the linked version 0.0.0-test", v, err)
+	}
+	if v, err := exec.Command(filepath.Join(out, "meshd"), "--version").Output(); err != nil || strings.TrimSpace(string(v)) != "0.0.0-test" {
+		t.Errorf("meshd --version = %q, %v; want the linked version 0.0.0-test", v, err)
+	}
+	if v, err := exec.Command(filepath.Join(out, "meshctl"), "version").Output(); err != nil || strings.TrimSpace(string(v)) != "0.0.0-test" {
+		t.Errorf("meshctl version = %q, %v; want the linked version 0.0.0-test", v, err)
 	}
 	if v, err := exec.Command(filepath.Join(out, "meshctl"), "--version").Output(); err != nil || !strings.Contains(string(v), "0.0.0-test") {
 		t.Errorf("meshctl --version = %q, %v; want the linked version", v, err)

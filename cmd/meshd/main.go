@@ -32,12 +32,13 @@ Usage:
   meshd device --interface NAME     run only a userspace WireGuard device (a sidecar that outlives meshd restarts)
   meshd cleanup [flags]             remove the interface, routes, rules and iptables chains meshd owns
   meshd mirror [flags]              mirror exported Services of linked clusters (see meshd mirror --help)
-  meshd version                     print the version
+  meshd version (or meshd --version) print the version
 
 Flags of the node daemon (cleanup takes the same):
 `
 
-// version is set by the linker.
+// version is set by the linker: -ldflags "-X main.version=$(git describe --tags --always --dirty)"
+// (make build, make image and the Dockerfile do).
 var version = "dev"
 
 func main() {
@@ -53,7 +54,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return cleanupCommand().main(args[1:], stderr)
 		case "mirror":
 			return mirrorCommand().main(args[1:], stderr)
-		case "version":
+		case "version", "--version":
 			fmt.Fprintln(stdout, version)
 			return 0
 		}

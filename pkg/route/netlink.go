@@ -23,7 +23,7 @@ func New(opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get current network namespace: %w", err)
 	}
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	h, err := netlink.NewHandleAt(unlessCurrentNS(ns), unix.NETLINK_ROUTE)
 	if err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("open netlink handle: %w", err)
@@ -242,9 +242,12 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 	}
 
 	routes := make(chan netlink.RouteUpdate, 256)
-	ns := k.ns
+	var nsOpt *netns.NsHandle // nil: this namespace, without entering it
+	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
+		nsOpt = &ns
+	}
 	err := netlink.RouteSubscribeWithOptions(routes, stop, netlink.RouteSubscribeOptions{
-		Namespace:              &ns,
+		Namespace:              nsOpt,
 		ReceiveBufferSize:      k.rcvBuf,
 		ReceiveBufferForceSize: k.rcvBufForce,
 		ErrorCallback:          func(err error) { send(Event{Err: fmt.Errorf("route notifications: %w", err)}) },
@@ -253,7 +256,7 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 		shutdown()
 		return nil, fmt.Errorf("subscribe to route notifications: %w", err)
 	}
-	rules, err := nl.SubscribeAt(k.ns, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
+	rules, err := nl.SubscribeAt(unlessCurrentNS(k.ns), netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
 	if err == nil && k.rcvBuf != 0 {
 		if err = rules.SetReceiveBufferSize(k.rcvBuf, k.rcvBufForce); err != nil {
 			rules.Close()

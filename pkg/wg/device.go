@@ -128,7 +128,7 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 	// Route netlink only: a handle with the default families also opens an
 	// XFRM socket, which fails with "protocol not supported" on a kernel
 	// whose xfrm_user module is not loaded (seen on Debian's 6.1 in a VM).
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	h, err := netlink.NewHandleAt(unlessCurrentNS(ns), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}

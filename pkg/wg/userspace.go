@@ -41,7 +41,7 @@ func inNS(ns netns.NsHandle, fn func()) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
+		if err := setNS(ns); err != nil {
 			errc <- fmt.Errorf("entering network namespace: %w", err)
 			return
 		}
@@ -55,7 +55,7 @@ func inNS(ns netns.NsHandle, fn func()) error {
 func goInNS(ns netns.NsHandle, log *slog.Logger, fn func()) {
 	go func() {
 		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
+		if err := setNS(ns); err != nil {
 			log.Error("entering network namespace", "err", err)
 			return
 		}
@@ -191,7 +191,7 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 // up sets the link up and brings the device up in its namespace, so that a
 // configuration written next finds it running.
 func (u *userspace) up() error {
-	h, err := netlink.NewHandleAt(u.ns, unix.NETLINK_ROUTE)
+	h, err := netlink.NewHandleAt(unlessCurrentNS(u.ns), unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("opening netlink in the device's namespace: %w", err)
 	}
@@ -278,7 +278,7 @@ func RunDevice(ctx context.Context, log *slog.Logger, name string, mtu int) erro
 		return fmt.Errorf("getting the current network namespace: %w", err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	h, err := netlink.NewHandleAt(unlessCurrentNS(ns), unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("opening netlink: %w", err)
 	}

@@ -38,7 +38,7 @@ func watchLink(ctx context.Context, log *slog.Logger, ns *netns.NsHandle, name s
 		done := make(chan struct{})
 		errc := make(chan error, 1)
 		err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{
-			Namespace: ns,
+			Namespace: nsOption(ns),
 			ErrorCallback: func(err error) {
 				select {
 				case errc <- err:

@@ -1,0 +1,24 @@
+package route
+
+import "github.com/vishvananda/netns"
+
+// unlessCurrentNS returns ns, or netns.None() when the calling OS thread
+// is in ns already. Entering a network namespace (setns) needs
+// CAP_SYS_ADMIN, which meshd does not have in the DaemonSet (NET_ADMIN and
+// NET_RAW only), so "enter ns" must be skipped when it would be a no-op:
+// netlink's ...At(ns) functions then open their sockets right here, which
+// binds them to the same namespace. Go runs goroutines that are not locked
+// to a thread only on threads that never left the process's namespace, so
+// the answer holds for the calling goroutine until it switches namespaces
+// itself.
+func unlessCurrentNS(ns netns.NsHandle) netns.NsHandle {
+	cur, err := netns.Get()
+	if err != nil {
+		return ns
+	}
+	defer cur.Close()
+	if ns.IsOpen() && cur.Equal(ns) {
+		return netns.None()
+	}
+	return ns
+}
