@@ -3,7 +3,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -310,4 +313,183 @@ func TestNodeCredentials(t *testing.T) {
 		t.Errorf("n2 has meshd.io/force-endpoint=%q: a refused patch landed", v)
 	}
 	pairs([]*testbed.Node{n1, n2}, func(x, y *testbed.Node) { s.pingOK(pod(x), pod(y).IP, 3) })
+	s.assertNoKeyLeaked(nil)
+}
+
+// TestLinkTrust: two clusters linked with `meshctl link` (agreed ranges: pod
+// CIDR, node network, mesh and service CIDRs). Cluster 2's leader then
+// claims a range outside the agreement and one covering cluster 1's API
+// server: cluster 1 refuses both (Warning Event on the link Secret, metric by
+// reason, not in any WireGuard peer) while cross-cluster traffic goes on. The
+// link token's expiry is a metric and in `meshctl status`; `meshctl link
+// --refresh` renews the token and the link keeps working.
+func TestLinkTrust(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	b := s.twoClusters(false)
+	s.link(b)
+	s.crossPing(b, 90*time.Second)
+
+	sec, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, "meshd-link-cluster2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster 2 may claim %s", sec.Annotations["meshd.io/remote-allowed-cidrs"])
+	for _, want := range []string{b.c2.PodCIDR(), "198.51.100.0/24", c2MeshCIDR, c2ServiceCIDR} {
+		if !strings.Contains(sec.Annotations["meshd.io/remote-allowed-cidrs"], want) {
+			t.Errorf("link Secret's agreed ranges lack %s: %q", want, sec.Annotations["meshd.io/remote-allowed-cidrs"])
+		}
+	}
+	expires1 := sec.Annotations["meshd.io/link-token-expires"]
+
+	l2 := s.leaderOf(b.two)
+	const outside, apiRange = "172.16.0.0/24", "203.0.113.0/24" // 203.0.113.2 is cluster 1's API server
+	if code, err := patchNode(ctx, b.c2.Kube, l2.Name, map[string]map[string]any{"annotations": {"meshd.io/allowed-location-ips": outside + "," + apiRange}}); code != 200 {
+		t.Fatalf("annotating %s: HTTP %d (%v)", l2.Name, code, err)
+	}
+	s.eventually(60*time.Second, time.Second, "an Event on link Secret meshd-link-cluster2 naming both refused ranges", func() error {
+		evs, err := tb.Kube.CoreV1().Events(testbed.LeaseNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=meshd-link-cluster2"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "RangeRefused" && strings.Contains(e.Message, outside) && strings.Contains(e.Message, "outside the ranges agreed") &&
+				strings.Contains(e.Message, apiRange) && strings.Contains(e.Message, "API server") {
+				t.Logf("Event %s/%s: %s", e.Type, e.Reason, e.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("%d Events, none RangeRefused naming %s and %s", len(evs.Items), outside, apiRange)
+	})
+	l1 := s.leaderOf(b.one)
+	s.eventually(30*time.Second, time.Second, "meshd_cluster_link_refused_ranges on "+l1.Name, func() error {
+		m, err := l1.Metrics(ctx)
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{
+			`meshd_cluster_link_refused_ranges{cluster="cluster2",reason="not-agreed"} 1`,
+			`meshd_cluster_link_refused_ranges{cluster="cluster2",reason="protected"} 1`,
+			`meshd_cluster_link_refused_ranges{cluster="cluster2",reason="overlap"} 0`,
+			`meshd_cluster_link_token_expiry_timestamp_seconds{cluster="cluster2"}`,
+		} {
+			if !strings.Contains(m, want) {
+				return fmt.Errorf("metrics lack %q", want)
+			}
+		}
+		return nil
+	})
+	d, err := l1.WG(ctx, "meshd0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range d.Peers {
+		if contains(p.AllowedIPs, outside) || contains(p.AllowedIPs, apiRange) {
+			t.Errorf("%s routes a refused range to peer %s: %v", l1.Name, p.PublicKey, p.AllowedIPs)
+		}
+	}
+	// Everything else is unaffected.
+	s.crossPing(b, 30*time.Second)
+	for _, n := range b.one {
+		if err := n.WaitMeshdReady(ctx, 10*time.Second); err != nil {
+			t.Errorf("%s: %v", n.Name, err)
+		}
+	}
+
+	// The token's expiry in meshctl status; --refresh renews it.
+	st := s.admin(b, `meshctl --kubeconfig $KUBECONFIG1 status`)
+	if !strings.Contains(st, "TOKEN EXPIRES") || !strings.Contains(st, expires1) {
+		t.Errorf("meshctl status does not show the token expiry %s", expires1)
+	}
+	time.Sleep(1100 * time.Millisecond) // expiries have second resolution
+	out := s.admin(b, `meshctl link --refresh --from-kubeconfig $KUBECONFIG1 --from-name cluster1 --to-kubeconfig $KUBECONFIG2 --to-name cluster2`)
+	if strings.Count(out, "renewed the token") != 2 {
+		t.Errorf("meshctl link --refresh: %s", out)
+	}
+	sec2, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, "meshd-link-cluster2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e2 := sec2.Annotations["meshd.io/link-token-expires"]; e2 <= expires1 || bytes.Equal(sec2.Data["kubeconfig"], sec.Data["kubeconfig"]) ||
+		sec2.Annotations["meshd.io/remote-allowed-cidrs"] != sec.Annotations["meshd.io/remote-allowed-cidrs"] {
+		t.Errorf("after --refresh: expiry %s (was %s), agreed ranges %q (was %q), token changed: %v", e2, expires1,
+			sec2.Annotations["meshd.io/remote-allowed-cidrs"], sec.Annotations["meshd.io/remote-allowed-cidrs"], !bytes.Equal(sec2.Data["kubeconfig"], sec.Data["kubeconfig"]))
+	}
+	s.crossPing(b, 60*time.Second)
+	s.assertNoKeyLeaked(nil, st, out)
+}
+
+// assertNoKeyLeaked fails the test if any node's WireGuard private key (or a
+// preshared key in psks), base64 or hex, appears in a meshd log, an Event or
+// a Node annotation of the testbed's clusters, a node's metrics, or one of
+// outputs (meshctl output of the run). It returns how many places it read.
+func (s *scenario) assertNoKeyLeaked(psks []string, outputs ...string) int {
+	t := s.t
+	t.Helper()
+	secrets := map[string]string{} // encoded form -> what
+	addKey := func(what, b64 string) {
+		k, err := wgtypes.ParseKey(strings.TrimSpace(b64))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		secrets[k.String()] = what
+		secrets[hex.EncodeToString(k[:])] = what + " (hex)"
+	}
+	for _, n := range tb.Nodes() {
+		b, err := os.ReadFile(filepath.Join(n.Dir, "state", "private-key"))
+		if err != nil {
+			continue // meshd never ran there
+		}
+		addKey("the private key of "+n.Name, string(b))
+	}
+	for i, p := range psks {
+		addKey(fmt.Sprintf("preshared key %d", i), p)
+	}
+	if len(secrets) == 0 {
+		t.Fatal("no private key found to look for")
+	}
+	var places []struct{ what, text string }
+	add := func(what, text string) { places = append(places, struct{ what, text string }{what, text}) }
+	for _, n := range tb.Nodes() {
+		if b, err := os.ReadFile(n.MeshdLog()); err == nil {
+			add("meshd log of "+n.Name, string(b))
+		}
+		if n.Meshd() != nil && !n.Meshd().Exited() {
+			if m, err := n.Metrics(s.ctx); err == nil {
+				add("metrics of "+n.Name, m)
+			}
+		}
+	}
+	kubes := map[string]kubernetes.Interface{"cluster 1": tb.Kube}
+	for _, c := range tb.Clusters() {
+		kubes["cluster "+c.Name] = c.Kube
+	}
+	for name, k := range kubes {
+		evs, err := k.CoreV1().Events("").List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			add("Event "+e.Namespace+"/"+e.Name+" in "+name, e.Message+" "+e.Reason)
+		}
+		nodes, err := k.CoreV1().Nodes().List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes.Items {
+			add("annotations of Node "+n.Name+" in "+name, fmt.Sprint(n.Annotations))
+		}
+	}
+	for i, o := range outputs {
+		add(fmt.Sprintf("meshctl output %d", i), o)
+	}
+	for _, p := range places {
+		for enc, what := range secrets {
+			if strings.Contains(p.text, enc) {
+				t.Errorf("%s leaks %s", p.what, what)
+			}
+		}
+	}
+	t.Logf("no private or preshared key in %d logs, Events, annotations, metrics and outputs (%d keys looked for)", len(places), len(secrets)/2)
+	return len(places)
 }

@@ -9,20 +9,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
 )
 
 // metrics are the daemon's Prometheus metrics (docs/metrics.md lists them).
 type metrics struct {
-	reconciles *prometheus.CounterVec
-	errors     *prometheus.CounterVec
-	repairs    *prometheus.CounterVec
-	duration   prometheus.Histogram
-	nodes      prometheus.Gauge
-	peers      prometheus.Gauge
-	leader     prometheus.Gauge
+	reconciles  *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	repairs     *prometheus.CounterVec
+	duration    prometheus.Histogram
+	nodes       prometheus.Gauge
+	peers       prometheus.Gauge
+	leader      prometheus.Gauge
+	refused     *prometheus.GaugeVec
+	tokenExpiry *prometheus.GaugeVec
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
@@ -46,12 +50,20 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_nodes", Help: "Nodes known to the mesh."}),
 		peers:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_peers", Help: "Peer objects in the mesh."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_leader", Help: "1 if this node leads its location (carries WireGuard traffic), else 0."}),
-		names:  map[wgtypes.Key]string{},
+		refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_cluster_link_refused_ranges",
+			Help: "Ranges of a linked cluster that are refused, not routed, by reason (overlap: overlaps a local range; protected: covers a node's underlay address, a WireGuard endpoint or the API server; not-agreed: outside the ranges agreed at link time).",
+		}, []string{"cluster", "reason"}),
+		tokenExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_cluster_link_token_expiry_timestamp_seconds",
+			Help: "Unix time at which the token of a linked cluster's link Secret expires (renew with meshctl link --refresh).",
+		}, []string{"cluster"}),
+		names: map[wgtypes.Key]string{},
 	}
 	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
 		m.errors.WithLabelValues(ph)
 	}
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader,
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.refused, m.tokenExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})
@@ -60,6 +72,32 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 }
 
 func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
+
+// linkState is what the metrics show of one linked cluster.
+type linkState struct {
+	secret  *corev1.Secret
+	refused []error
+}
+
+// setLinks sets meshd_cluster_link_refused_ranges and
+// meshd_cluster_link_token_expiry_timestamp_seconds for every linked cluster
+// (by name); clusters gone are dropped.
+func (m *metrics) setLinks(links map[string]linkState) {
+	if m == nil {
+		return
+	}
+	m.refused.Reset()
+	m.tokenExpiry.Reset()
+	for cluster, l := range links {
+		counts := k8s.CountRefusals(l.refused)
+		for _, reason := range mesh.RefusalReasons {
+			m.refused.WithLabelValues(cluster, string(reason)).Set(float64(counts[reason]))
+		}
+		if t, ok := k8s.LinkTokenExpiry(l.secret); ok {
+			m.tokenExpiry.WithLabelValues(cluster).Set(float64(t.Unix()))
+		}
+	}
+}
 
 func (m *metrics) observe(d time.Duration, err error) {
 	m.duration.Observe(d.Seconds())

@@ -65,6 +65,7 @@ type reconciler struct {
 
 	nodeLister, peerLister lister
 	links                  linkSource
+	apiServers             []netip.Addr // no linked cluster's range may cover them
 
 	device     wgDevice
 	routes     routeSetter
@@ -180,6 +181,8 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 		Parse:   k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
 		Secret:  r.secret(ctx),
 		Resolve: r.resolver,
+		// No Peer may route the API server (nor a node's address or endpoint).
+		APIServers: r.apiServers,
 	})
 	var self *corev1.Node
 	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
@@ -253,15 +256,18 @@ func (r *reconciler) secret(ctx context.Context) func(ns, name, key string) ([]b
 
 // remotePeers turns the location leaders of every linked cluster into
 // peers. Remote ranges overlapping this cluster's pod, mesh or service
-// ranges are dropped and reported on the link Secret, never routed.
+// ranges, covering a node's underlay address, a WireGuard endpoint or the API
+// server, or outside the ranges agreed at link time are dropped and reported
+// on the link Secret (and meshd_cluster_link_refused_ranges), never routed.
 func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.links == nil {
 		return nil
 	}
 	remotes := r.links.Snapshot()
-	local := k8s.LocalRanges(r.opts, nodes)
+	guard := k8s.LocalGuard(r.opts, nodes, r.apiServers...)
 	var peers []mesh.Peer
 	seen := make(map[string]bool, len(remotes))
+	states := make(map[string]linkState, len(remotes))
 	for _, rc := range remotes {
 		id := "link/" + rc.Secret.Name
 		seen[id] = true
@@ -269,10 +275,12 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
 			continue
 		}
-		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, local)
-		r.report(rc.Secret, id, "RangeOverlap", problems)
+		ps, problems := k8s.RemotePeers(rc.Settings, rc.Nodes, guard)
+		r.report(rc.Secret, id, k8s.RefusalEventReason(problems), problems)
+		states[rc.Settings.Name] = linkState{secret: rc.Secret, refused: problems}
 		peers = append(peers, ps...)
 	}
+	r.metrics.setLinks(states)
 	r.forgetReports("link/", seen)
 	return peers
 }
