@@ -37,10 +37,16 @@ func (s *scenario) installBaseManifests() {
 	t.Helper()
 	manifests := filepath.Join(tb.RepoRoot, "manifests")
 	rendered := render(t, filepath.Join(tb.KubeDir, "kubectl"), "kustomize", manifests)
-	for _, kind := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n", "kind: DaemonSet\n"} {
-		if !strings.Contains(string(rendered), kind) {
-			t.Fatalf("kubectl kustomize manifests/ renders no %s", strings.TrimSpace(kind))
+	for _, want := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n", "kind: DaemonSet\n",
+		// Pod hardening: the runtime's seccomp profile, metrics and probes
+		// on the node's own address only, no Secret enumeration.
+		"seccompProfile:\n          type: RuntimeDefault\n", "- --listen=[$(HOST_IP)]:9477\n", "fieldPath: status.hostIP\n", "- --cluster-links=false\n"} {
+		if !strings.Contains(string(rendered), want) {
+			t.Fatalf("kubectl kustomize manifests/ renders no %q", strings.TrimSpace(want))
 		}
+	}
+	if strings.Contains(string(rendered), "--listen=:") {
+		t.Fatalf("kubectl kustomize manifests/: meshd listens on every address of the host")
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
