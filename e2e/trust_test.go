@@ -286,6 +286,12 @@ func TestNodeCredentials(t *testing.T) {
 		{"n1 adds a non-meshd annotation to its own Node", func() (int, error) {
 			return patchNode(ctx, a, n1.Name, map[string]map[string]any{"annotations": {"example.com/trust": "x"}})
 		}, 403},
+		{"n1 claims more ranges for itself (meshd.io/allowed-location-ips)", func() (int, error) {
+			return patchNode(ctx, a, n1.Name, map[string]map[string]any{"annotations": {"meshd.io/allowed-location-ips": "172.16.0.0/12"}})
+		}, 403},
+		{"n1 redirects its own endpoint (meshd.io/force-endpoint)", func() (int, error) {
+			return patchNode(ctx, a, n1.Name, map[string]map[string]any{"annotations": {"meshd.io/force-endpoint": "198.51.100.250:51820"}})
+		}, 403},
 		{"n1 writes a meshd.io annotation of its own Node", func() (int, error) {
 			return patchNode(ctx, a, n1.Name, map[string]map[string]any{"annotations": {"meshd.io/trust-e2e": "1"}})
 		}, 200},
