@@ -325,7 +325,41 @@ func TestNodeCredentials(t *testing.T) {
 		t.Errorf("n2 has meshd.io/force-endpoint=%q: a refused patch landed", v)
 	}
 	pairs([]*testbed.Node{n1, n2}, func(x, y *testbed.Node) { s.pingOK(pod(x), pod(y).IP, 3) })
-	s.assertNoKeyLeaked(nil)
+
+	// A Peer's preshared key still reaches meshd (Secret get in
+	// meshd-system is all the base RBAC grants), and no key leaks.
+	psk, laptop := randomKey(), randomKey()
+	if _, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "trust-psk"}, Data: map[string][]byte{"psk": []byte(psk)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Delete(context.Background(), "trust-psk", metav1.DeleteOptions{})
+	})
+	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("trust-laptop", map[string]any{
+		"publicKey": laptop, "allowedIPs": []any{"10.5.0.1/32"},
+		"presharedKeySecretRef": map[string]any{"namespace": testbed.LeaseNamespace, "name": "trust-psk", "key": "psk"},
+	}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*testbed.Node{n1, n2} {
+		s.eventually(30*time.Second, 500*time.Millisecond, "the Peer with its preshared key on "+n.Name, func() error {
+			d, err := n.WG(ctx, "meshd0")
+			if err != nil {
+				return err
+			}
+			p := d.Peer(laptop)
+			if p == nil {
+				return fmt.Errorf("no peer %s", laptop)
+			}
+			if p.PresharedKey != psk {
+				return fmt.Errorf("peer %s has another preshared key", laptop)
+			}
+			return nil
+		})
+	}
+	s.assertNoKeyLeaked([]string{psk})
 }
 
 // TestLinkTrust: two clusters linked with `meshctl link` (agreed ranges: pod
