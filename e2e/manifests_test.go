@@ -49,7 +49,7 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 	// (components/prometheus needs the prometheus-operator CRDs).
 	overlay := t.TempDir()
 	var components []string
-	for _, c := range []string{"userspace-sidecar", "mirror"} {
+	for _, c := range []string{"userspace-sidecar", "mirror", "cluster-links"} {
 		if _, err := os.Stat(filepath.Join(manifests, "components", c)); err == nil {
 			rel, _ := filepath.Rel(overlay, filepath.Join(manifests, "components", c))
 			components = append(components, "- "+rel)
@@ -75,7 +75,8 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 		}
 		docs["helm template (defaults)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--include-crds", "--kube-version", kv)
 		docs["helm template (sidecar, mirror)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--kube-version", kv,
-			"--set", "userspaceSidecar=true", "--set", "mirror.enabled=true", "--set", "meshGranularity=full")
+			"--set", "userspaceSidecar=true", "--set", "mirror.enabled=true", "--set", "meshGranularity=full",
+			"--set", "clusterLinks.enabled=true")
 	} else if os.Getenv("CI") != "" {
 		t.Fatalf("hack/helm.sh --bin: %v (make test builds helm first)", err)
 	} else {

@@ -225,6 +225,8 @@ func (s *scenario) adminHost(b *mcBed) []string {
 		"PATH=" + filepath.Dir(m) + ":" + tb.KubeDir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"KUBECONFIG1=" + tb.Kubeconfig, "SERVICECIDR1=" + testbed.ServiceCIDR,
 		"KUBECONFIG2=" + b.c2.Kubeconfig, "SERVICECIDR2=" + c2ServiceCIDR, "MESHCIDR2=" + c2MeshCIDR,
+		// What each cluster may claim besides its mesh and service CIDRs.
+		"PODCIDR1=" + testbed.PodCIDRPrefix, "PODCIDR2=" + b.c2.PodCIDR(), "NODENETWORK=198.51.100.0/24",
 	}
 }
 
@@ -448,7 +450,7 @@ func TestMultiClusterLink(t *testing.T) {
 			t.Errorf("meshctl status on cluster 2 lacks %q", want)
 		}
 	}
-	if !regexp.MustCompile(`(?m)^cluster1\s+meshd-link-cluster1\s+\S+\s+\S+\s+\S+\s+ok$`).MatchString(st) {
+	if !regexp.MustCompile(`(?m)^cluster1\s+meshd-link-cluster1\s+\S+\s+\S+\s+\S+\s+\S+ \(in \d+d\)\s+ok$`).MatchString(st) {
 		t.Errorf("meshctl status on cluster 2: cluster1 not listed as ok")
 	}
 
@@ -583,7 +585,9 @@ func linkSettings(name, serviceCIDR, meshCIDR string) k8s.LinkSettings {
 // Both ways at once, names and ranges as the clusters' meshd use them.
 const (
 	linkCmd = `meshctl link --from-kubeconfig $KUBECONFIG1 --from-name cluster1 --from-service-cidr $SERVICECIDR1 \
-  --to-kubeconfig $KUBECONFIG2 --to-name cluster2 --to-service-cidr $SERVICECIDR2 --to-mesh-cidr $MESHCIDR2`
+  --from-allowed-cidr $PODCIDR1,$NODENETWORK \
+  --to-kubeconfig $KUBECONFIG2 --to-name cluster2 --to-service-cidr $SERVICECIDR2 --to-mesh-cidr $MESHCIDR2 \
+  --to-allowed-cidr $PODCIDR2,$NODENETWORK`
 	unlinkCmd = `meshctl unlink --from-kubeconfig $KUBECONFIG1 --from-name cluster1 --to-kubeconfig $KUBECONFIG2 --to-name cluster2`
 )
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -277,9 +278,9 @@ func renderStatus(m *model) string {
 				leaders = append(leaders, p.Name)
 			}
 			rows = append(rows, []string{orDash(lc.Settings.Name), lc.Secret, orDash(lc.Server),
-				orDash(joinPrefixes(lc.Settings.ServiceCIDRs, ",")), orDash(strings.Join(leaders, ",")), state})
+				orDash(joinPrefixes(lc.Settings.ServiceCIDRs, ",")), orDash(strings.Join(leaders, ",")), tokenExpiry(lc.TokenExpires, m.Now), state})
 		}
-		table("LINKED CLUSTERS", "CLUSTER\tSECRET\tSERVER\tSERVICE CIDRS\tPEERS (REMOTE LEADERS)\tSTATE", rows)
+		table("LINKED CLUSTERS", "CLUSTER\tSECRET\tSERVER\tSERVICE CIDRS\tPEERS (REMOTE LEADERS)\tTOKEN EXPIRES\tSTATE", rows)
 	}
 
 	ls, problems := m.links()
@@ -326,4 +327,16 @@ func sortedKeys[V any](mp map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// tokenExpiry shows when a link token expires, relative to now.
+func tokenExpiry(t, now time.Time) string {
+	switch {
+	case t.IsZero():
+		return "-"
+	case !t.After(now):
+		return t.UTC().Format(time.RFC3339) + " (EXPIRED: meshctl link --refresh)"
+	default:
+		return fmt.Sprintf("%s (in %dd)", t.UTC().Format(time.RFC3339), int(t.Sub(now).Hours()/24))
+	}
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s"
@@ -24,6 +26,7 @@ type side struct {
 	granularity  string
 	topology     string
 	port         int
+	allowed      []string
 }
 
 func (s *side) flags(c *cobra.Command, prefix, which string) {
@@ -36,6 +39,7 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f.StringVar(&s.granularity, prefix+"mesh-granularity", string(mesh.GranularityLocation), "meshd --mesh-granularity of the "+which+" cluster")
 	f.StringVar(&s.topology, prefix+"topology-label", k8s.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster")
 	f.IntVar(&s.port, prefix+"port", mesh.DefaultPort, "meshd --port of the "+which+" cluster")
+	f.StringSliceVar(&s.allowed, prefix+"allowed-cidr", nil, "ranges the "+which+" cluster may claim besides its mesh and service CIDRs (e.g. its whole pod CIDR and node network; default: its nodes' pod CIDRs, addresses and allowed-location-ips as seen now)")
 }
 
 // settings validates the side's flags.
@@ -70,7 +74,31 @@ func (s *side) settings(flag string) (k8s.LinkSettings, error) {
 	}
 	ls.ServiceCIDRs = parse("service-cidr", s.serviceCIDRs)
 	ls.MeshCIDRs = parse("mesh-cidr", s.meshCIDRs)
+	if s.allowed != nil {
+		extra := parse("allowed-cidr", s.allowed)
+		ls.Allowed = mesh.ClaimableRanges(ls.MeshCIDRs, slices.Concat(ls.ServiceCIDRs, extra), nil)
+	}
 	return ls, errors.Join(errs...)
+}
+
+// claimable fills in ls.Allowed, unless --*-allowed-cidr gave it, with the
+// ranges the cluster claims now: its mesh and service CIDRs and its nodes'
+// pod CIDRs, addresses and allowed-location-ips.
+func claimable(ctx context.Context, c *k8s.Clients, ls *k8s.LinkSettings) error {
+	if ls.Allowed != nil {
+		return nil
+	}
+	nl, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("cluster %s: listing its Nodes for the ranges it may claim: %w", ls.Name, err)
+	}
+	nodes := make([]mesh.Node, 0, len(nl.Items))
+	for i := range nl.Items {
+		n, _ := k8s.NodeFromObject(&nl.Items[i], k8s.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
+		nodes = append(nodes, n)
+	}
+	ls.Allowed = mesh.ClaimableRanges(ls.MeshCIDRs, ls.ServiceCIDRs, nodes)
+	return nil
 }
 
 // dnsLabel makes a context name usable as a cluster name.
@@ -131,7 +159,7 @@ func (e *env) clientsOf(from, to *side) (fc, tc *k8s.Clients, err error) {
 
 func newLinkCommand(e *env) *cobra.Command {
 	var from, to side
-	var oneWay bool
+	var oneWay, insecure, refresh bool
 	c := &cobra.Command{
 		Use:   "link --from-kubeconfig K1 --to-kubeconfig K2",
 		Short: "Peer two clusters automatically: each cluster's meshd keeps the other's leaders as peers",
@@ -146,7 +174,19 @@ cluster within seconds, with no loop to re-run.
 
 The clusters' pod, service and mesh CIDRs must not overlap; meshd drops and
 reports (Event on the link Secret, log line) any remote range that overlaps a
-local one.`,
+local one.
+
+Trust is explicit: the link Secret records the ranges the linked cluster may
+claim (meshd.io/remote-allowed-cidrs): its mesh and service CIDRs plus, by
+default, its nodes' pod CIDRs, addresses and allowed-location-ips as seen now,
+or what --from-allowed-cidr/--to-allowed-cidr give (give whole pod and node
+networks so that nodes added later are covered; else run link again). meshd
+refuses any other remote range, and any remote range covering a node's
+underlay address, a WireGuard endpoint or the API server, with an Event on the
+link Secret and the metric meshd_cluster_link_refused_ranges.
+
+A cluster whose kubeconfig has no CA data is refused unless
+--insecure-skip-tls-verify is given.`,
 		Example: `  meshctl link --from-kubeconfig k1.yaml --from-name east --from-service-cidr 10.96.0.0/12 --from-mesh-cidr 10.4.0.0/16 \
                --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16`,
 		Args: cobra.NoArgs,
@@ -154,6 +194,9 @@ local one.`,
 			fs, ts, err := settingsOf(&from, &to)
 			if err != nil {
 				return err
+			}
+			if refresh {
+				return e.refreshLinks(cmd.Context(), &from, &to, fs.Name, ts.Name, oneWay, insecure)
 			}
 			if o := overlaps(fs, ts); len(o) > 0 {
 				return fmt.Errorf("the clusters' ranges overlap, refusing to link:\n  %s", strings.Join(o, "\n  "))
@@ -165,24 +208,114 @@ local one.`,
 				return err
 			}
 			ns := e.s.leaseNamespace
-			if err := k8s.GrantLink(ctx, fc, fs, from.server, tc, ts.Name, ns); err != nil {
+			// Refuse before changing anything: a cluster whose kubeconfig has
+			// no CA could not be verified by the link.
+			for _, c := range []struct {
+				name string
+				cl   *k8s.Clients
+			}{{fs.Name, fc}, {ts.Name, tc}} {
+				if !insecure && !hasCA(c.cl) && !(oneWay && c.name == ts.Name) {
+					return fmt.Errorf("cluster %s: %w", c.name, k8s.ErrNoCA)
+				}
+			}
+			if err := claimable(ctx, fc, &fs); err != nil {
+				return err
+			}
+			if err := claimable(ctx, tc, &ts); err != nil {
+				return err
+			}
+			grant := func(c *k8s.Clients, ls k8s.LinkSettings, server string, reader *k8s.Clients, readerName string) error {
+				return k8s.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, k8s.GrantOptions{Server: server, InsecureSkipTLSVerify: insecure})
+			}
+			if err := grant(fc, fs, from.server, tc, ts.Name); err != nil {
 				return fmt.Errorf("letting %s read %s: %w", ts.Name, fs.Name, err)
 			}
-			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", ts.Name, fs.Name, ns, k8s.LinkSecretPrefix, fs.Name, ts.Name)
+			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s); %s may claim %s\n",
+				ts.Name, fs.Name, ns, k8s.LinkSecretPrefix, fs.Name, ts.Name, fs.Name, prefixList(fs.Allowed))
 			if oneWay {
 				return nil
 			}
-			if err := k8s.GrantLink(ctx, tc, ts, to.server, fc, fs.Name, ns); err != nil {
+			if err := grant(tc, ts, to.server, fc, fs.Name); err != nil {
 				return fmt.Errorf("letting %s read %s: %w", fs.Name, ts.Name, err)
 			}
-			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s)\n", fs.Name, ts.Name, ns, k8s.LinkSecretPrefix, ts.Name, fs.Name)
+			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s); %s may claim %s\n",
+				fs.Name, ts.Name, ns, k8s.LinkSecretPrefix, ts.Name, fs.Name, ts.Name, prefixList(ts.Allowed))
 			return nil
 		},
 	}
 	from.flags(c, "from-", "first")
 	to.flags(c, "to-", "second")
 	c.Flags().BoolVar(&oneWay, "one-way", false, "only let the second cluster peer with the first (the other direction is linked separately)")
+	c.Flags().BoolVar(&refresh, "refresh", false, "renew the tokens of existing links (a new token, the ranges and settings recorded in the link Secrets kept); the --from-/--to- range flags are ignored")
+	c.Flags().BoolVar(&insecure, "insecure-skip-tls-verify", false, "link although a cluster's kubeconfig has no CA data: the link kubeconfig then does not verify that API server's certificate")
 	return c
+}
+
+// refreshLinks renews the token of the link(s) between the two clusters:
+// each existing link Secret is granted again with what it records (ranges,
+// settings, server), so only the token (and its expiry) changes.
+func (e *env) refreshLinks(ctx context.Context, from, to *side, fromName, toName string, oneWay, insecure bool) error {
+	ctx, cancel := context.WithTimeout(ctx, e.s.timeout)
+	defer cancel()
+	fc, tc, err := e.clientsOf(from, to)
+	if err != nil {
+		return err
+	}
+	ns := e.s.leaseNamespace
+	renew := func(c *k8s.Clients, name string, reader *k8s.Clients, readerName string) error {
+		s, err := reader.Kube.CoreV1().Secrets(ns).Get(ctx, k8s.LinkSecretPrefix+name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("cluster %s: reading link Secret %s/%s%s (link the clusters first): %w", readerName, ns, k8s.LinkSecretPrefix, name, err)
+		}
+		ls, kc, err := k8s.LinkFromSecret(s)
+		if err != nil {
+			return err
+		}
+		o := k8s.GrantOptions{InsecureSkipTLSVerify: insecure}
+		if cfg, err := clientcmd.Load(kc); err == nil {
+			for _, cl := range cfg.Clusters {
+				o.Server = cl.Server
+				o.InsecureSkipTLSVerify = o.InsecureSkipTLSVerify || cl.InsecureSkipTLSVerify
+			}
+		}
+		if !o.InsecureSkipTLSVerify && !hasCA(c) {
+			return fmt.Errorf("cluster %s: %w", name, k8s.ErrNoCA)
+		}
+		if err := k8s.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, o); err != nil {
+			return fmt.Errorf("renewing %s's token for %s: %w", readerName, name, err)
+		}
+		s, err = reader.Kube.CoreV1().Secrets(ns).Get(ctx, k8s.LinkSecretPrefix+name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		exp, _ := k8s.LinkTokenExpiry(s)
+		fmt.Fprintf(e.stdout, "renewed the token cluster %s uses to read cluster %s (expires %s)\n", readerName, name, tokenExpiry(exp, e.now()))
+		return nil
+	}
+	if err := renew(fc, fromName, tc, toName); err != nil {
+		return err
+	}
+	if oneWay {
+		return nil
+	}
+	return renew(tc, toName, fc, fromName)
+}
+
+// hasCA reports whether the client configuration carries a CA to verify
+// the API server with.
+func hasCA(c *k8s.Clients) bool {
+	return c != nil && c.Config != nil && (len(c.Config.CAData) > 0 || c.Config.CAFile != "")
+}
+
+func prefixList(ps []netip.Prefix) string {
+	if len(ps) == 0 {
+		return "nothing"
+	}
+	ss := make([]string, len(ps))
+	for i, p := range ps {
+		ss[i] = p.String()
+	}
+	return strings.Join(ss, ",")
 }
 
 func newUnlinkCommand(e *env) *cobra.Command {

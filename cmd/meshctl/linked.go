@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"sort"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +28,8 @@ type linkedCluster struct {
 	Problems []string
 	// Err: the Secret is unusable or the cluster did not answer.
 	Err error
+	// TokenExpires is when the link's token expires (zero: unknown).
+	TokenExpires time.Time
 }
 
 // remoteClientsFromKubeconfig builds clients from a link Secret's kubeconfig.
@@ -55,7 +57,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	case err != nil:
 		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", e.s.leaseNamespace, shortError(err))}
 	}
-	local := k8s.LocalRanges(m.Opts, m.Input.Nodes) // meshctl knows no service CIDR
+	local := k8s.LocalGuard(m.Opts, m.Input.Nodes, k8s.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
 	newRemote := e.remoteClients
 	if newRemote == nil {
 		newRemote = remoteClientsFromKubeconfig
@@ -64,6 +66,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	for i := range sl.Items {
 		s := &sl.Items[i]
 		lc := linkedCluster{Secret: s.Name}
+		lc.TokenExpires, _ = k8s.LinkTokenExpiry(s)
 		settings, kc, err := k8s.LinkFromSecret(s)
 		lc.Settings = settings
 		if err != nil {
@@ -78,7 +81,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	return out, nil
 }
 
-func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local []netip.Prefix, newRemote func([]byte) (*k8s.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
+func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local mesh.RemoteGuard, newRemote func([]byte) (*k8s.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
 	rc, err := newRemote(kc)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("cluster %s: %w", ls.Name, err)

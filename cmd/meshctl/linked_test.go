@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,7 +70,10 @@ func TestStatusShowsLinkedClusters(t *testing.T) {
 	down.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("dial tcp 198.51.100.99:6443: connect: connection refused")
 	})
-	r := statusWithLinks(t, []runtime.Object{linkSecret("c2"), linkSecret("c3")}, map[string]*kubefake.Clientset{"c2": c2, "c3": down},
+	s2, s3 := linkSecret("c2"), linkSecret("c3")
+	s2.Annotations[k8s.AnnotationLinkTokenExpires] = now.Add(30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	s3.Annotations[k8s.AnnotationLinkTokenExpires] = now.Add(-time.Hour).UTC().Format(time.RFC3339)
+	r := statusWithLinks(t, []runtime.Object{s2, s3}, map[string]*kubefake.Clientset{"c2": c2, "c3": down},
 		func(kube *kubefake.Clientset) {
 			// Replace eu-1 with the copy carrying the handshake.
 			if _, err := kube.CoreV1().Nodes().Update(context.Background(), eu1, metav1.UpdateOptions{}); err != nil {
@@ -87,6 +91,9 @@ func TestStatusShowsLinkedClusters(t *testing.T) {
 		"cluster c3: listing its Nodes: ",
 		"eu-1  cluster c2: cluster-c2-c2-a",
 		"cluster c2: 10.1.0.0/25 (via c2-b) overlaps local range 10.1.0.0/24: not routed",
+		"TOKEN EXPIRES",
+		now.Add(30*24*time.Hour).UTC().Format(time.RFC3339) + " (in 30d)",
+		now.Add(-time.Hour).UTC().Format(time.RFC3339) + " (EXPIRED: meshctl link --refresh)",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("status lacks %q:\n%s", want, r.stdout)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -535,5 +536,73 @@ func TestLinkRefusesBadPairs(t *testing.T) {
 	}
 	if len(kube.Actions()) != 0 {
 		t.Fatalf("a refused link wrote to the cluster: %v", kube.Actions())
+	}
+}
+
+// TestLinkTrust: a cluster whose kubeconfig has no CA is refused before
+// anything is written unless --insecure-skip-tls-verify is given; the link
+// Secret records the ranges the linked cluster may claim (its mesh and
+// service CIDRs and the flag's ranges).
+func TestLinkTrust(t *testing.T) {
+	kube, md := fixtureClients()
+	args := []string{"link", "--from-kubeconfig", "k1", "--from-name", "east", "--from-mesh-cidr", "10.4.0.0/16",
+		"--to-kubeconfig", "k2", "--to-name", "west", "--to-mesh-cidr", "10.5.0.0/16", "--one-way",
+		"--from-service-cidr", "10.96.0.0/12", "--from-allowed-cidr", "10.42.0.0/16,198.51.100.0/24"}
+	r := runMeshctl(t, kube, md, args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "cluster east") || !strings.Contains(r.stderr, "--insecure-skip-tls-verify") {
+		t.Fatalf("no CA: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if len(kube.Actions()) != 0 {
+		t.Fatalf("a refused link wrote to the cluster: %v", kube.Actions())
+	}
+	if _, err := kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "meshd-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	issued := 0
+	kube.PrependReactor("create", "serviceaccounts", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "token" {
+			return false, nil, nil
+		}
+		issued++
+		return true, &authenticationv1.TokenRequest{Status: authenticationv1.TokenRequestStatus{
+			Token: fmt.Sprintf("tok-%d", issued), ExpirationTimestamp: metav1.NewTime(now.Add(time.Duration(issued) * 24 * time.Hour))}}, nil
+	})
+	r = runMeshctl(t, kube, md, append(args, "--insecure-skip-tls-verify")...)
+	if r.code != 0 {
+		t.Fatalf("--insecure-skip-tls-verify: exit %d, stderr %q", r.code, r.stderr)
+	}
+	s, err := kube.CoreV1().Secrets("meshd-system").Get(context.Background(), "meshd-link-east", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Annotations[k8s.AnnotationRemoteAllowedCIDRs], "10.4.0.0/16,10.42.0.0/16,10.96.0.0/12,198.51.100.0/24"; got != want {
+		t.Errorf("allowed ranges %q, want %q", got, want)
+	}
+	if !strings.Contains(r.stdout, "east may claim 10.4.0.0/16,10.42.0.0/16,10.96.0.0/12,198.51.100.0/24") {
+		t.Errorf("output does not say what east may claim: %q", r.stdout)
+	}
+	if !strings.Contains(string(s.Data[k8s.LinkKubeconfigKey]), "insecure-skip-tls-verify: true") {
+		t.Errorf("the link kubeconfig of a cluster without CA must say so:\n%s", s.Data[k8s.LinkKubeconfigKey])
+	}
+	if exp, ok := k8s.LinkTokenExpiry(s); !ok || !exp.Equal(now.Add(24*time.Hour).Truncate(time.Second)) {
+		t.Errorf("token expiry %v %v, want %v", exp, ok, now.Add(24*time.Hour))
+	}
+
+	// --refresh: a new token; the recorded ranges and settings stay (the
+	// flags' defaults would overlap and are ignored).
+	r = runMeshctl(t, kube, md, "link", "--refresh", "--one-way", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west")
+	if r.code != 0 || !strings.Contains(r.stdout, "renewed the token cluster west uses to read cluster east") {
+		t.Fatalf("--refresh: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	s2, err := kube.CoreV1().Secrets("meshd-system").Get(context.Background(), "meshd-link-east", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(s2.Data[k8s.LinkKubeconfigKey]), "tok-2") || s2.Annotations[k8s.AnnotationRemoteAllowedCIDRs] != s.Annotations[k8s.AnnotationRemoteAllowedCIDRs] ||
+		s2.Annotations[k8s.AnnotationRemoteMeshCIDRs] != "10.4.0.0/16" {
+		t.Errorf("refreshed Secret: annotations %v\n%s", s2.Annotations, s2.Data[k8s.LinkKubeconfigKey])
+	}
+	if exp, _ := k8s.LinkTokenExpiry(s2); !exp.Equal(now.Add(48 * time.Hour).Truncate(time.Second)) {
+		t.Errorf("refreshed expiry %v", exp)
 	}
 }

@@ -134,6 +134,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		ipt4:     ipt4,
 		metrics:  m,
 	}
+	r.apiServers = k8s.APIServerAddrs(clients.Config)
 	if ipt6 != nil {
 		r.ipt6 = ipt6
 	}

@@ -10,8 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
 	clientmetrics "k8s.io/client-go/tools/metrics"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -32,6 +34,8 @@ type metrics struct {
 	filtered prometheus.Counter
 	// apiRequests counts this process's requests to the API server.
 	apiRequests *prometheus.CounterVec
+	refused     *prometheus.GaugeVec
+	tokenExpiry *prometheus.GaugeVec
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
@@ -68,11 +72,19 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshd_api_requests_total", Help: "Requests to the API server by HTTP method and status code (a watch counts once, when opened).",
 		}, []string{"method", "code"}),
+		refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_cluster_link_refused_ranges",
+			Help: "Ranges of a linked cluster that are refused, not routed, by reason (overlap: overlaps a local range; protected: covers a node's underlay address, a WireGuard endpoint or the API server; not-agreed: outside the ranges agreed at link time).",
+		}, []string{"cluster", "reason"}),
+		tokenExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_cluster_link_token_expiry_timestamp_seconds",
+			Help: "Unix time at which the token of a linked cluster's link Secret expires (renew with meshctl link --refresh).",
+		}, []string{"cluster"}),
 	}
 	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
 		m.errors.WithLabelValues(ph)
 	}
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks, m.filtered, m.apiRequests,
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks, m.filtered, m.apiRequests, m.refused, m.tokenExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})
@@ -112,6 +124,32 @@ func (e executorWrites) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
+
+// linkState is what the metrics show of one linked cluster.
+type linkState struct {
+	secret  *corev1.Secret
+	refused []error
+}
+
+// setLinks sets meshd_cluster_link_refused_ranges and
+// meshd_cluster_link_token_expiry_timestamp_seconds for every linked cluster
+// (by name); clusters gone are dropped.
+func (m *metrics) setLinks(links map[string]linkState) {
+	if m == nil {
+		return
+	}
+	m.refused.Reset()
+	m.tokenExpiry.Reset()
+	for cluster, l := range links {
+		counts := k8s.CountRefusals(l.refused)
+		for _, reason := range mesh.RefusalReasons {
+			m.refused.WithLabelValues(cluster, string(reason)).Set(float64(counts[reason]))
+		}
+		if t, ok := k8s.LinkTokenExpiry(l.secret); ok {
+			m.tokenExpiry.WithLabelValues(cluster).Set(float64(t.Unix()))
+		}
+	}
+}
 
 func (m *metrics) observe(d time.Duration, err error) {
 	m.duration.Observe(d.Seconds())

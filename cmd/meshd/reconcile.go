@@ -79,7 +79,8 @@ type reconciler struct {
 	nodeLister, peerLister lister
 	links                  linkSource
 	// linkLive judges linked clusters' nodes from their Leases (nil: all live).
-	linkLive *k8s.LinkLiveness
+	linkLive   *k8s.LinkLiveness
+	apiServers []netip.Addr // no linked cluster's range may cover them
 
 	device     wgDevice
 	routes     routeSetter
@@ -249,6 +250,8 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 		Parse:  k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
 		Secret: r.secrets,
 		Cached: r.dns,
+		// No Peer may route the API server (nor a node's address or endpoint).
+		APIServers: r.apiServers,
 	})
 	var self *corev1.Node
 	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
@@ -310,7 +313,9 @@ func preferV4(as []netip.Addr) netip.Addr {
 
 // remotePeers turns the location leaders of every linked cluster into
 // peers. Remote ranges overlapping this cluster's pod, mesh or service
-// ranges are dropped and reported on the link Secret, never routed.
+// ranges, covering a node's underlay address, a WireGuard endpoint or the API
+// server, or outside the ranges agreed at link time are dropped and reported
+// on the link Secret (and meshd_cluster_link_refused_ranges), never routed.
 //
 // A linked cluster's peers are never removed because its API server cannot
 // be read: until its Nodes are listed (meshd just started, or the link's
@@ -336,11 +341,12 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.linkLive != nil {
 		r.linkLive.Sync(remotes)
 	}
-	local := k8s.LocalRanges(r.opts, nodes)
+	guard := k8s.LocalGuard(r.opts, nodes, r.apiServers...)
 	var peers []mesh.Peer
 	stale := 0
 	defer func() { r.metrics.staleLinks.Set(float64(stale)) }()
 	seen := make(map[string]bool, len(remotes))
+	states := make(map[string]linkState, len(remotes))
 	for _, rc := range remotes {
 		name := rc.Secret.Name
 		id := "link/" + name
@@ -361,11 +367,13 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			}
 			continue
 		}
-		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, local, r.linkJudge(rc))
-		r.report(rc.Secret, id, "RangeOverlap", problems)
+		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, guard, r.linkJudge(rc))
+		r.report(rc.Secret, id, k8s.RefusalEventReason(problems), problems)
+		states[rc.Settings.Name] = linkState{secret: rc.Secret, refused: problems}
 		r.linkPeers[name] = ps
 		peers = append(peers, ps...)
 	}
+	r.metrics.setLinks(states)
 	for name := range r.linkPeers {
 		if !seen["link/"+name] {
 			delete(r.linkPeers, name) // unlinked

@@ -207,7 +207,10 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	// The shipped RBAC and a token of the meshd ServiceAccount.
-	for _, f := range []string{"namespace.yaml", "rbac.yaml"} {
+	for _, f := range []string{"namespace.yaml", "rbac.yaml", ClusterLinksRBAC} {
+		if _, err := os.Stat(filepath.Join(tb.RepoRoot, "manifests", f)); os.IsNotExist(err) && f == ClusterLinksRBAC {
+			continue
+		}
 		if out, err := c.Kubectl(ctx, "apply", "-f", filepath.Join(tb.RepoRoot, "manifests", f)); err != nil {
 			return fmt.Errorf("cluster %s: applying manifests/%s: %w\n%s", c.Name, f, err, out)
 		}

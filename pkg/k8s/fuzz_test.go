@@ -520,7 +520,7 @@ func FuzzLinkFromSecret(f *testing.F) {
 			}
 		}
 		nodes := remoteNodes(nodeBytes)
-		peers, problems := RemotePeers(ls, nodes, local)
+		peers, problems := RemotePeers(ls, nodes, mesh.RemoteGuard{Local: local})
 		for _, p := range problems {
 			if p == nil || !strings.Contains(p.Error(), ls.Name) {
 				t.Errorf("problem %v does not name cluster %q", p, ls.Name)

@@ -2,9 +2,13 @@ package k8s
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -17,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -36,6 +41,12 @@ const (
 	AnnotationRemoteMeshCIDRs     = AnnotationPrefix + "remote-mesh-cidrs"
 	AnnotationRemoteTopologyLabel = AnnotationPrefix + "remote-topology-label"
 	AnnotationRemotePort          = AnnotationPrefix + "remote-port"
+	// AnnotationRemoteAllowedCIDRs lists the ranges the remote cluster may
+	// claim, agreed at link time (meshctl link); absent: not recorded.
+	AnnotationRemoteAllowedCIDRs = AnnotationPrefix + "remote-allowed-cidrs"
+	// AnnotationLinkTokenExpires is when the link's token expires (RFC 3339),
+	// as the remote API server granted it.
+	AnnotationLinkTokenExpires = AnnotationPrefix + "link-token-expires"
 	// LinkSecretPrefix prefixes link Secrets: meshd-link-<remote cluster>.
 	LinkSecretPrefix = "meshd-link-"
 	// LinkKubeconfigKey is the Secret data key of the kubeconfig.
@@ -54,10 +65,14 @@ type LinkSettings struct {
 	MeshCIDRs     []netip.Prefix
 	TopologyLabel string
 	Port          int
+	// Allowed are the ranges the cluster may claim, agreed at link time
+	// (pod, service, mesh and location CIDRs, node addresses); nil: not
+	// recorded, only the overlap and protected-address rules apply.
+	Allowed []netip.Prefix
 }
 
 func (s LinkSettings) annotations() map[string]string {
-	return map[string]string{
+	a := map[string]string{
 		AnnotationRemoteCluster:       s.Name,
 		AnnotationRemoteServiceCIDRs:  joinPrefixes(s.ServiceCIDRs),
 		AnnotationRemoteGranularity:   string(s.Granularity),
@@ -65,6 +80,10 @@ func (s LinkSettings) annotations() map[string]string {
 		AnnotationRemoteTopologyLabel: s.TopologyLabel,
 		AnnotationRemotePort:          strconv.Itoa(s.Port),
 	}
+	if s.Allowed != nil {
+		a[AnnotationRemoteAllowedCIDRs] = joinPrefixes(s.Allowed)
+	}
+	return a
 }
 
 func joinPrefixes(ps []netip.Prefix) string {
@@ -105,6 +124,14 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 	if len(ls.MeshCIDRs) == 0 {
 		ls.MeshCIDRs = []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}
 	}
+	if v, ok := a[AnnotationRemoteAllowedCIDRs]; ok {
+		ls.Allowed = []netip.Prefix{} // recorded, and empty: nothing may be claimed
+		if strings.TrimSpace(v) != "" {
+			if ls.Allowed, err = parsePrefixes(splitList(v)); err != nil {
+				errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteAllowedCIDRs, err))
+			}
+		}
+	}
 	if p := a[AnnotationRemotePort]; p != "" {
 		if ls.Port, err = strconv.Atoi(p); err != nil || ls.Port < 1 || ls.Port > 65535 {
 			errs = append(errs, fmt.Errorf("annotation %s: bad port %q", AnnotationRemotePort, p))
@@ -132,14 +159,35 @@ func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
 	return local
 }
 
-// RemotePeers computes the Peers a linked cluster contributes: one per
-// location leader of the remote mesh, with everything routed through it. The
-// remote service CIDRs go to the first leader only (WireGuard routes one
-// prefix to one peer). Prefixes overlapping local (the local cluster's pod,
-// mesh and service ranges) are dropped and reported, never routed. Every
-// remote node counts as live; see RemotePeersLive.
-func RemotePeers(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix) (peers []mesh.Peer, problems []error) {
-	return RemotePeersLive(ls, nodes, local, nil)
+// LocalGuard is what a linked cluster's ranges are checked against
+// (mesh.RemoteGuard): LocalRanges, and as protected addresses every local
+// node's underlay (internal) addresses and WireGuard endpoint, and
+// apiServers (the local API server's addresses, when known).
+func LocalGuard(opts mesh.Options, nodes []mesh.Node, apiServers ...netip.Addr) mesh.RemoteGuard {
+	g := mesh.RemoteGuard{Local: LocalRanges(opts, nodes)}
+	for _, n := range nodes {
+		for _, a := range n.InternalIPs {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the underlay address of node " + n.Name})
+		}
+		if a := n.Endpoint.Addr.Addr(); a.IsValid() {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of node " + n.Name})
+		}
+	}
+	for _, a := range apiServers {
+		if a.IsValid() {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
+		}
+	}
+	return g
+}
+
+// RemotePeers computes the Peers a linked cluster contributes (see
+// mesh.RemotePeers, which holds the policy): one per location leader of the
+// remote mesh. A range that overlaps a local range, covers a protected
+// address of guard or lies outside the ranges agreed at link time is dropped
+// and returned as a problem (a mesh.RangeRefusal), never routed.
+func RemotePeers(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard) (peers []mesh.Peer, problems []error) {
+	return RemotePeersLive(ls, nodes, guard, nil)
 }
 
 // RemoteJudge returns the liveness decision of a linked cluster's nodes,
@@ -151,42 +199,22 @@ type RemoteJudge func(location map[string]string) Decision
 // the way its own nodes elect them (judge: from its Leases and probe
 // reports), so a dead remote leader is replaced; the service CIDRs go to the
 // first live leader.
-func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, local []netip.Prefix, judge RemoteJudge) (peers []mesh.Peer, problems []error) {
+func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard, judge RemoteJudge) (peers []mesh.Peer, problems []error) {
 	mnodes := make([]mesh.Node, 0, len(nodes))
 	for _, n := range nodes {
 		mn, _ := NodeFromObject(n, ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		mnodes = append(mnodes, mn)
 	}
-	rl := remoteLocal(mnodes, ls.Granularity, judge)
-	topo, err := mesh.NewTopology(mnodes, nil, rl, mesh.Options{
-		Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
-	})
+	peers, refused, err := mesh.RemotePeers(mesh.RemoteLink{
+		Cluster: ls.Name, Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
+		ServiceCIDRs: ls.ServiceCIDRs, Allowed: ls.Allowed,
+		Liveness: remoteLocal(mnodes, ls.Granularity, judge),
+	}, mnodes, guard)
 	if err != nil {
-		return nil, []error{fmt.Errorf("computing cluster %s's topology: %w", ls.Name, err)}
+		return nil, []error{err}
 	}
-	services := slices.Clone(ls.ServiceCIDRs)
-	svc := serviceSegment(topo, rl.Live)
-	for i, seg := range topo.Segments {
-		p, ok := topo.SegmentAsPeer(seg.Leader)
-		if !ok {
-			continue
-		}
-		p.Name = "cluster-" + ls.Name + "-" + seg.Leader
-		if i == svc {
-			p.AllowedIPs = append(p.AllowedIPs, services...)
-		}
-		kept := p.AllowedIPs[:0]
-		for _, a := range p.AllowedIPs {
-			if l, bad := overlapping(a, local); bad {
-				problems = append(problems, fmt.Errorf("cluster %s: %s (via %s) overlaps local range %s: not routed", ls.Name, a, seg.Leader, l))
-				continue
-			}
-			kept = append(kept, a)
-		}
-		p.AllowedIPs = kept
-		if len(p.AllowedIPs) > 0 {
-			peers = append(peers, p)
-		}
+	for _, r := range refused {
+		problems = append(problems, r)
 	}
 	return peers, problems
 }
@@ -200,32 +228,48 @@ func remoteLocal(nodes []mesh.Node, g mesh.Granularity, judge RemoteJudge) mesh.
 	return mesh.Local{Live: d.Live, Settling: d.Settling}
 }
 
-// serviceSegment picks the segment whose leader carries a linked cluster's
-// service CIDRs: the first with a leader that can be a peer (and, with
-// liveness known, is live), else the first that can be a peer; -1 if none.
-func serviceSegment(topo *mesh.Topology, live map[string]bool) int {
-	first := -1
-	for i, seg := range topo.Segments {
-		if _, ok := topo.SegmentAsPeer(seg.Leader); !ok {
-			continue
-		}
-		if first < 0 {
-			first = i
-		}
-		if live == nil || live[seg.Leader] {
-			return i
+// RefusalEventReason is the Event reason for a linked cluster's refused
+// ranges: RangeOverlap when every one overlaps a local range (the reason
+// meshd always used), RangeRefused otherwise.
+func RefusalEventReason(problems []error) string {
+	for _, p := range problems {
+		var r mesh.RangeRefusal
+		if errors.As(p, &r) && r.Reason != mesh.RefusedOverlap {
+			return "RangeRefused"
 		}
 	}
-	return first
+	return "RangeOverlap"
 }
 
-func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
-	for _, q := range set {
-		if p.Overlaps(q) {
-			return q, true
+// CountRefusals counts RemotePeers' problems by refusal reason.
+func CountRefusals(problems []error) map[mesh.RefusalReason]int {
+	out := map[mesh.RefusalReason]int{}
+	for _, p := range problems {
+		var r mesh.RangeRefusal
+		if errors.As(p, &r) {
+			out[r.Reason]++
 		}
 	}
-	return netip.Prefix{}, false
+	return out
+}
+
+// APIServerAddrs are the addresses of the API server cfg talks to, when its
+// host is an IP address (a name is not resolved: nothing in the reconcile
+// reads the network).
+func APIServerAddrs(cfg *rest.Config) []netip.Addr {
+	if cfg == nil || cfg.Host == "" {
+		return nil
+	}
+	host := cfg.Host
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		host = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return []netip.Addr{a.Unmap()}
+	}
+	return nil
 }
 
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
@@ -236,12 +280,47 @@ func overlapping(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
 // `to`'s nodes use to reach `from` (default: from's own client address);
 // toName names `to`: each reader cluster gets its own token, so revoking one
 // link leaves the others alone.
+//
+// The link kubeconfig verifies `from`'s API server with the CA of from's
+// client configuration; without one GrantLink refuses before changing
+// anything (GrantLinkWithOptions with InsecureSkipTLSVerify overrides).
 func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, toName, namespace string) error {
+	return GrantLinkWithOptions(ctx, from, fromSettings, to, toName, namespace, GrantOptions{Server: server})
+}
+
+// GrantOptions tune GrantLinkWithOptions.
+type GrantOptions struct {
+	// Server is the API address `to`'s nodes use to reach `from` (default:
+	// from's own client address).
+	Server string
+	// InsecureSkipTLSVerify lets a link be made although `from`'s client
+	// configuration has no CA: the link kubeconfig then does not verify
+	// the API server's certificate (anyone on the path can impersonate it).
+	InsecureSkipTLSVerify bool
+}
+
+// ErrNoCA is returned by GrantLink when the cluster to be read has no CA
+// data and InsecureSkipTLSVerify is not set.
+var ErrNoCA = errors.New("its kubeconfig has no CA data (certificate-authority-data or certificate-authority), so the link could not verify its API server; add the CA, or accept an unverified link with --insecure-skip-tls-verify")
+
+// GrantLinkWithOptions is GrantLink with options.
+func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkSettings, to *Clients, toName, namespace string, o GrantOptions) error {
 	if err := errors.Join(validName(fromSettings.Name), validName(toName)); err != nil {
 		return err
 	}
+	server := o.Server
 	if server == "" {
 		server = from.Config.Host
+	}
+	ca := from.Config.CAData
+	if len(ca) == 0 && from.Config.CAFile != "" {
+		var err error
+		if ca, err = os.ReadFile(from.Config.CAFile); err != nil {
+			return fmt.Errorf("cluster %s: reading its CA: %w", fromSettings.Name, err)
+		}
+	}
+	if len(ca) == 0 && !o.InsecureSkipTLSVerify {
+		return fmt.Errorf("cluster %s: %w", fromSettings.Name, ErrNoCA)
 	}
 	k := from.Kube
 	if _, err := k.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
@@ -280,15 +359,9 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 	if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", fromSettings.Name, LinkReader, err)
 	}
-	token, err := requestLinkToken(ctx, k, namespace, LinkTokenAnchor(toName), labels)
+	token, expires, err := requestLinkToken(ctx, k, namespace, LinkTokenAnchor(toName), labels)
 	if err != nil {
 		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
-	}
-	ca := from.Config.CAData
-	if len(ca) == 0 && from.Config.CAFile != "" {
-		if ca, err = os.ReadFile(from.Config.CAFile); err != nil {
-			return fmt.Errorf("cluster %s: reading its CA: %w", fromSettings.Name, err)
-		}
 	}
 	kc, err := clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
@@ -306,6 +379,9 @@ func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, se
 			Annotations: fromSettings.annotations(),
 		},
 		Data: map[string][]byte{LinkKubeconfigKey: kc},
+	}
+	if !expires.IsZero() {
+		link.Annotations[AnnotationLinkTokenExpires] = expires.UTC().Format(time.RFC3339)
 	}
 	sc := to.Kube.CoreV1().Secrets(namespace)
 	if _, err := sc.Create(ctx, link, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
@@ -327,7 +403,7 @@ const LinkTokenLifetime = 365 * 24 * time.Hour
 // TokenRequest API (no kube-controller-manager needed), bound to the anchor
 // Secret name (LinkTokenAnchor): deleting that Secret (RevokeLink)
 // invalidates the token at once.
-func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, name string, labels map[string]string) (string, error) {
+func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, name string, labels map[string]string) (string, time.Time, error) {
 	sc := k.CoreV1().Secrets(namespace)
 	anchor, err := sc.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels,
@@ -338,7 +414,7 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, na
 		anchor, err = sc.Get(ctx, name, metav1.GetOptions{})
 	}
 	if err != nil {
-		return "", fmt.Errorf("creating the token anchor Secret %s/%s: %w", namespace, name, err)
+		return "", time.Time{}, fmt.Errorf("creating the token anchor Secret %s/%s: %w", namespace, name, err)
 	}
 	secs := int64(LinkTokenLifetime / time.Second)
 	tr, err := k.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, LinkReader, &authenticationv1.TokenRequest{
@@ -348,12 +424,55 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, na
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, LinkReader, err)
+		return "", time.Time{}, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, LinkReader, err)
 	}
 	if tr.Status.Token == "" {
-		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: empty token", namespace, LinkReader)
+		return "", time.Time{}, fmt.Errorf("requesting a token for ServiceAccount %s/%s: empty token", namespace, LinkReader)
 	}
-	return tr.Status.Token, nil
+	return tr.Status.Token, tr.Status.ExpirationTimestamp.Time, nil
+}
+
+// LinkTokenExpiry is when the link Secret's token expires: from
+// AnnotationLinkTokenExpires, else from the token's own exp claim (read, not
+// verified). ok is false when neither says.
+func LinkTokenExpiry(s *corev1.Secret) (time.Time, bool) {
+	if s == nil {
+		return time.Time{}, false
+	}
+	if v := s.Annotations[AnnotationLinkTokenExpires]; v != "" {
+		if t, err := time.Parse(time.RFC3339, v); err == nil {
+			return t, true
+		}
+	}
+	cfg, err := clientcmd.Load(s.Data[LinkKubeconfigKey])
+	if err != nil {
+		return time.Time{}, false
+	}
+	for _, a := range cfg.AuthInfos {
+		if t, ok := jwtExpiry(a.Token); ok {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// jwtExpiry reads the exp claim of a JWT without verifying it.
+func jwtExpiry(tok string) (time.Time, bool) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	if json.Unmarshal(b, &claims) != nil || claims.Exp == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(claims.Exp, 0), true
 }
 
 // LinkTokenAnchor names the Secret the link token of reader cluster toName is

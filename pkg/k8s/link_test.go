@@ -1,13 +1,18 @@
 package k8s
 
 import (
+	"encoding/base64"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"meshd.io/meshd/pkg/mesh"
 )
@@ -36,7 +41,7 @@ func TestRemotePeersOnePerLeader(t *testing.T) {
 		remoteNode(t, "w2", "a", "198.51.100.102", "10.52.2.0/24"),
 		remoteNode(t, "w3", "b", "198.51.100.103", "10.52.3.0/24"),
 	}
-	peers, problems := RemotePeers(ls, nodes, []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")})
+	peers, problems := RemotePeers(ls, nodes, mesh.RemoteGuard{Local: []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}})
 	if len(problems) != 0 {
 		t.Fatalf("unexpected problems: %v", problems)
 	}
@@ -70,7 +75,7 @@ func TestRemotePeersOverlapReported(t *testing.T) {
 		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}}
 	nodes := []*corev1.Node{remoteNode(t, "w1", "a", "198.51.100.101", "10.42.7.0/24")}
 	local := []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16"), netip.MustParsePrefix("10.42.0.0/16")}
-	peers, problems := RemotePeers(ls, nodes, local)
+	peers, problems := RemotePeers(ls, nodes, mesh.RemoteGuard{Local: local})
 	if len(problems) != 2 {
 		t.Fatalf("want the pod CIDR and the mesh IP reported as overlapping, got %v", problems)
 	}
@@ -102,13 +107,95 @@ func TestLinkFromSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ls.Name != "west" || ls.Port != 51821 || ls.Granularity != mesh.GranularityFull || ls.TopologyLabel != "zone" ||
-		len(ls.MeshCIDRs) != 1 || len(ls.ServiceCIDRs) != 1 || string(kc) != "kc" {
+		len(ls.MeshCIDRs) != 1 || len(ls.ServiceCIDRs) != 1 || string(kc) != "kc" || ls.Allowed != nil {
 		t.Fatalf("round trip: %+v %q", ls, kc)
+	}
+	// The agreed ranges round-trip; recorded but empty means nothing may be claimed.
+	allowed := []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16"), netip.MustParsePrefix("198.51.100.0/24")}
+	s.Data[LinkKubeconfigKey] = []byte("kc")
+	s.Annotations = LinkSettings{Name: "west", Port: 51820, Allowed: allowed,
+		MeshCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.97.0.0/16")}}.annotations()
+	if ls, _, err := LinkFromSecret(s); err != nil || len(ls.Allowed) != 2 || ls.Allowed[1] != allowed[1] {
+		t.Fatalf("allowed ranges round trip: %v %v", ls.Allowed, err)
+	}
+	s.Annotations[AnnotationRemoteAllowedCIDRs] = ""
+	if ls, _, err := LinkFromSecret(s); err != nil || ls.Allowed == nil || len(ls.Allowed) != 0 {
+		t.Fatalf("empty allowed ranges: %#v %v", ls.Allowed, err)
 	}
 	s.Annotations[AnnotationRemoteServiceCIDRs] = "nonsense"
 	delete(s.Data, LinkKubeconfigKey)
 	_, _, err = LinkFromSecret(s)
 	if err == nil || !strings.Contains(err.Error(), AnnotationRemoteServiceCIDRs) || !strings.Contains(err.Error(), "kubeconfig") {
 		t.Fatalf("want errors naming the bad annotation and the missing kubeconfig, got %v", err)
+	}
+}
+
+// The link's policy is applied through the thin conversion: a remote range
+// covering a local node's underlay address or the API server, or outside the
+// agreed ranges, is refused with its reason, counted and named in the Event
+// reason; the rest of the link is routed.
+func TestRemotePeersGuard(t *testing.T) {
+	ls := LinkSettings{Name: "west", Granularity: mesh.GranularityFull, Port: 51820,
+		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")},
+		Allowed:   []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16"), netip.MustParsePrefix("10.52.0.0/16"), netip.MustParsePrefix("198.51.100.0/24")}}
+	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
+	w1.Annotations[AnnotationAllowedLocationIPs] = "203.0.113.0/24,172.16.0.0/12"
+	local := []mesh.Node{{Name: "e1", InternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.7")}}}
+	guard := LocalGuard(mesh.Options{}, local, APIServerAddrs(&rest.Config{Host: "https://172.16.5.5:6443"})...)
+	peers, problems := RemotePeers(ls, []*corev1.Node{w1}, guard)
+	if len(peers) != 1 {
+		t.Fatalf("peers: %v", peers)
+	}
+	for _, a := range peers[0].AllowedIPs {
+		if a.String() == "203.0.113.0/24" || a.String() == "172.16.0.0/12" {
+			t.Errorf("refused range %s routed", a)
+		}
+	}
+	if !slices.Contains(peers[0].AllowedIPs, netip.MustParsePrefix("10.52.1.0/24")) {
+		t.Errorf("agreed pod CIDR not routed: %v", peers[0].AllowedIPs)
+	}
+	msg := fmt.Sprint(problems)
+	for _, want := range []string{"203.0.113.0/24", "underlay address of node e1", "172.16.0.0/12", "API server"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("problems do not name %q: %s", want, msg)
+		}
+	}
+	if c := CountRefusals(problems); c[mesh.RefusedProtected] != 2 {
+		t.Errorf("counts %v, want 2 protected", c)
+	}
+	if r := RefusalEventReason(problems); r != "RangeRefused" {
+		t.Errorf("event reason %q", r)
+	}
+}
+
+func TestAPIServerAddrs(t *testing.T) {
+	for host, want := range map[string]string{
+		"https://203.0.113.2:6443": "203.0.113.2", "https://[2001:db8::1]:6443": "2001:db8::1",
+		"10.0.0.1:443": "10.0.0.1", "https://api.example.com": "", "": "",
+	} {
+		got := APIServerAddrs(&rest.Config{Host: host})
+		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0].String() != want) {
+			t.Errorf("%q: %v, want %q", host, got, want)
+		}
+	}
+}
+
+// The token expiry comes from the annotation meshctl link records, else from
+// the token's exp claim.
+func TestLinkTokenExpiry(t *testing.T) {
+	at := time.Date(2027, 11, 25, 9, 0, 0, 0, time.UTC)
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationLinkTokenExpires: at.Format(time.RFC3339)}}}
+	if got, ok := LinkTokenExpiry(s); !ok || !got.Equal(at) {
+		t.Errorf("annotation: %v %v", got, ok)
+	}
+	claims := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf(`{"exp":%d,"sub":"x"}`, at.Unix())))
+	kc := fmt.Sprintf("apiVersion: v1\nkind: Config\nusers:\n- name: r\n  user:\n    token: eyJhbGciOiJSUzI1NiJ9.%s.c2ln\n", claims)
+	s = &corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: []byte(kc)}}
+	if got, ok := LinkTokenExpiry(s); !ok || !got.Equal(at) {
+		t.Errorf("exp claim: %v %v", got, ok)
+	}
+	if _, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: []byte("nonsense")}}); ok {
+		t.Error("an unreadable kubeconfig has no expiry")
 	}
 }

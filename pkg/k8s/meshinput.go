@@ -29,6 +29,9 @@ type MeshInputOptions struct {
 	// blocking (a [Resolver]'s Lookup). The daemon uses it so its reconcile
 	// never waits on DNS.
 	Cached func(host string) (netip.Addr, error)
+	// APIServers are the API server's addresses, which no Peer may route
+	// (see GuardPeers).
+	APIServers []netip.Addr
 }
 
 // MeshInput is the planner input converted from the cluster's objects, as
@@ -106,7 +109,38 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		}
 		in.Peers = append(in.Peers, p)
 	}
+	GuardPeers(&in, o.APIServers...)
 	return in
+}
+
+// GuardPeers drops every allowed IP of a Peer that covers an address that
+// must never go through a tunnel — a node's underlay (internal) address, a
+// node's or a Peer's WireGuard endpoint, an API server address — and
+// reports it as a problem of that Peer (routing it into the tunnel would
+// loop or cut the node off). The Peer keeps its other allowed IPs.
+func GuardPeers(in *MeshInput, apiServers ...netip.Addr) {
+	protected := LocalGuard(mesh.Options{}, in.Nodes, apiServers...).Protected
+	for _, p := range in.Peers {
+		if a := p.Endpoint.Addr.Addr(); a.IsValid() {
+			protected = append(protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of Peer " + p.Name})
+		}
+	}
+	if len(protected) == 0 {
+		return
+	}
+	for i := range in.Peers {
+		p := &in.Peers[i]
+		var kept []netip.Prefix
+		for _, a := range p.AllowedIPs {
+			if c, bad := mesh.CoversProtected(a, protected); bad {
+				id := "peer/" + p.Name
+				in.Problems[id] = append(in.Problems[id], fmt.Errorf("allowed IP %s covers %s (%s): refused, not routed", a, c.What, c.Addr))
+				continue
+			}
+			kept = append(kept, a)
+		}
+		p.AllowedIPs = kept
+	}
 }
 
 func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr, error) {

@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -89,5 +90,49 @@ func TestNewMeshInputCachedAndStale(t *testing.T) {
 	}
 	if ps := in.Problems["peer/office"]; len(ps) != 1 || !strings.Contains(ps[0].Error(), "keeping the last known preshared key") {
 		t.Errorf("problems %v", ps)
+	}
+}
+
+// A Peer allowed IP that covers a node's underlay address, a node's or
+// another Peer's WireGuard endpoint or the API server is refused and
+// reported on that Peer; its other allowed IPs stay.
+func TestNewMeshInputGuardsPeers(t *testing.T) {
+	k, _ := wgtypes.GeneratePrivateKey()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{AnnotationEndpoint: "203.0.113.50:51820"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.51.100.10"}}}}
+	peer := func(name string, endpoint string, allowed ...string) *v1alpha1.Peer {
+		p := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.PeerSpec{PublicKey: k.PublicKey().String(), AllowedIPs: allowed}}
+		if endpoint != "" {
+			p.Spec.Endpoint = &v1alpha1.PeerEndpoint{Host: endpoint, Port: 51820}
+		}
+		return p
+	}
+	peers := []*v1alpha1.Peer{
+		peer("laptop", "", "10.5.0.1/32"),
+		peer("underlay", "", "10.5.0.2/32", "198.51.100.0/24"),
+		peer("endpoint", "", "203.0.113.0/24"),
+		peer("site", "192.168.1.1", "10.6.0.0/16", "192.168.0.0/16"),
+		peer("api", "", "172.16.0.0/12"),
+	}
+	in := NewMeshInput(context.Background(), []*corev1.Node{node}, peers, MeshInputOptions{APIServers: []netip.Addr{netip.MustParseAddr("172.16.5.5")}})
+	want := map[string]struct{ kept, problem string }{
+		"laptop":   {"[10.5.0.1/32]", ""},
+		"underlay": {"[10.5.0.2/32]", "198.51.100.0/24 covers the underlay address of node n1"},
+		"endpoint": {"[]", "203.0.113.0/24 covers the WireGuard endpoint of node n1"},
+		"site":     {"[10.6.0.0/16]", "192.168.0.0/16 covers the WireGuard endpoint of Peer site"},
+		"api":      {"[]", "172.16.0.0/12 covers the API server"},
+	}
+	for _, p := range in.Peers {
+		w := want[p.Name]
+		if got := fmt.Sprint(p.AllowedIPs); got != w.kept {
+			t.Errorf("%s routes %s, want %s", p.Name, got, w.kept)
+		}
+		ps := in.Problems["peer/"+p.Name]
+		if w.problem == "" && len(ps) != 0 || w.problem != "" && (len(ps) != 1 || !strings.Contains(ps[0].Error(), w.problem)) {
+			t.Errorf("%s: problems %v, want %q", p.Name, ps, w.problem)
+		}
+	}
+	if len(in.Peers) != len(want) {
+		t.Errorf("peers %v", in.Peers)
 	}
 }

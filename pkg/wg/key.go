@@ -11,8 +11,9 @@ import (
 )
 
 // LoadOrCreateKey returns the private key stored in dir/private-key (base64,
-// as wg(8) writes it), generating and storing one on first use (directory
-// 0700, file 0600, written atomically and never over an existing file). A
+// as wg(8) writes it), generating and storing one on first use (written
+// atomically and never over an existing file). The directory ends up 0700
+// and the file 0600, whatever they were before. A
 // file that does not hold a valid key is an error: it is never replaced.
 // The key itself never appears in errors.
 func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
@@ -21,6 +22,13 @@ func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return wgtypes.Key{}, fmt.Errorf("creating key directory %s: %w", dir, err)
+	}
+	// A hostPath (DirectoryOrCreate) is created 0755 by the kubelet, and
+	// MkdirAll leaves an existing directory as it is.
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm() != 0o700 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return wgtypes.Key{}, fmt.Errorf("restricting permissions of key directory %s: %w", dir, err)
+		}
 	}
 	path := filepath.Join(dir, keyFileName)
 	k, err := readKey(path)
@@ -72,7 +80,7 @@ func readKey(path string) (wgtypes.Key, error) {
 		// Do not wrap err: it could quote the file's contents.
 		return wgtypes.Key{}, fmt.Errorf("WireGuard private key file %s is corrupt (want one base64 key of 32 bytes); not replacing it: fix or remove it", path)
 	}
-	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm() != 0o600 {
 		if err := os.Chmod(path, 0o600); err != nil {
 			return wgtypes.Key{}, fmt.Errorf("restricting permissions of %s: %w", path, err)
 		}

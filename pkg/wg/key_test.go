@@ -67,3 +67,37 @@ func TestLoadOrCreateKeyReadsWgGenkeyFormat(t *testing.T) {
 		t.Fatalf("permissions not tightened: %v", fi.Mode())
 	}
 }
+
+// A state directory created 0755 (as a hostPath DirectoryOrCreate is) and a
+// key file with loose or odd permissions end up 0700 and 0600, both when the
+// key is created and when it is read.
+func TestLoadOrCreateKeyTightensPermissions(t *testing.T) {
+	for _, existing := range []bool{false, true} {
+		dir := filepath.Join(t.TempDir(), "state")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, 0o755); err != nil { // whatever the umask
+			t.Fatal(err)
+		}
+		key := filepath.Join(dir, "private-key")
+		if existing {
+			k, _ := wgtypes.GeneratePrivateKey()
+			if err := os.WriteFile(key, []byte(k.String()+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(key, 0o444); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := LoadOrCreateKey(dir); err != nil {
+			t.Fatal(err)
+		}
+		if di, err := os.Stat(dir); err != nil || di.Mode().Perm() != 0o700 {
+			t.Errorf("existing key %v: directory mode %v (%v), want 0700", existing, di.Mode().Perm(), err)
+		}
+		if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("existing key %v: key mode %v (%v), want 0600", existing, fi.Mode().Perm(), err)
+		}
+	}
+}
