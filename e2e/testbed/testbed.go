@@ -191,7 +191,8 @@ func (tb *Testbed) MeshdSourcePresent() bool {
 // BuildFlags are the `go build` flags of every binary the e2e suite runs:
 // -race unless E2E_RACE=0, so a data race in meshd under real traffic is
 // reported in its log and makes it exit 66, which a test that stops meshd
-// sees. E2E_RACE=0 is for timing scenarios the race detector slows too much.
+// sees. E2E_RACE=0 is for the timing scenarios the race detector slows too
+// much (make e2e runs them in a pass of their own with it).
 func BuildFlags() []string {
 	if os.Getenv("E2E_RACE") == "0" {
 		return nil

@@ -25,6 +25,13 @@
 // every rule it wrote, so a rule it cannot predict costs at most one extra
 // write per process lifetime.
 //
+// NewExecRunner finds the iptables binaries of the family and backend and
+// reads the iptables version through github.com/coreos/go-iptables, refusing
+// a version whose iptables-restore lacks -w. go-iptables' rule operations run
+// one iptables process per rule (about 100 s for 4,000 rules with the
+// nf_tables backend, against 0.06 s for one restore), so chains and jumps are
+// read from one iptables-save and written in the restore batch instead.
+//
 // Out of scope: which rules meshd wants (pkg/mesh plans them) and anything
 // about Kubernetes or meshd's other executors; this package imports nothing of
 // meshd or k8s.io.

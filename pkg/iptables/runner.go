@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	goiptables "github.com/coreos/go-iptables/iptables"
 )
 
 // Runner is the Controller's only access to the kernel.
@@ -32,6 +34,28 @@ type ExecRunner struct {
 	// generation then tells whether anything changed (without Exec only:
 	// it is read in the caller's network namespace).
 	NFT bool
+	// Version is the iptables version (major, minor, patch), as
+	// github.com/coreos/go-iptables reads it.
+	Version [3]int
+}
+
+// minVersion is the oldest iptables whose iptables-restore takes -w (wait
+// for the xtables lock), which every Restore passes.
+var minVersion = [3]int{1, 6, 2}
+
+// checkVersion refuses an iptables older than minVersion with an error that
+// says so, instead of a failing restore later.
+func checkVersion(bin string, v [3]int) error {
+	for i := range v {
+		if v[i] != minVersion[i] {
+			if v[i] < minVersion[i] {
+				return fmt.Errorf("%s is v%d.%d.%d; meshd needs v%d.%d.%d or later (iptables-restore -w)",
+					bin, v[0], v[1], v[2], minVersion[0], minVersion[1], minVersion[2])
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 // NewExecRunner finds the save and restore binaries of opts.Family and
@@ -49,7 +73,23 @@ func NewExecRunner(opts Options) (*ExecRunner, error) {
 		return nil, fmt.Errorf("unknown iptables backend %q (want \"\", \"legacy\" or \"nft\")", opts.Backend)
 	}
 	r := &ExecRunner{Exec: opts.Exec}
-	var err error
+	// go-iptables finds the family's and backend's iptables binary and
+	// reads its version. Its rule operations (Exists, Insert, ChainExists)
+	// run one process per call, so the Controller does not use them: it
+	// reads a table once (iptables-save) and writes all changes, jumps
+	// included, in one iptables-restore transaction.
+	proto := goiptables.ProtocolIPv4
+	if opts.Family == IPv6 {
+		proto = goiptables.ProtocolIPv6
+	}
+	ipt, err := goiptables.New(goiptables.IPFamily(proto), goiptables.Path(base))
+	if err != nil {
+		return nil, fmt.Errorf("finding %s: %w", base, err)
+	}
+	r.Version[0], r.Version[1], r.Version[2] = ipt.GetIptablesVersion()
+	if err := checkVersion(base, r.Version); err != nil {
+		return nil, err
+	}
 	if r.SaveBin, err = exec.LookPath(base + "-save"); err != nil {
 		return nil, fmt.Errorf("finding %s-save: %w", base, err)
 	}

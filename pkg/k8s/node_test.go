@@ -249,6 +249,17 @@ func TestNodeFromObject(t *testing.T) {
 		want:           mesh.Node{Name: "n1"},
 		badAnnotations: []string{AnnotationInternalIP, AnnotationDiscoveredEndpoints},
 	}, {
+		// Every malformed annotation is reported, also one that a higher
+		// precedence source (here the status InternalIP) makes unused.
+		name: "malformed published internal-ip reported though status wins",
+		node: node(
+			ann(AnnotationInternalIP, "not-an-ip"),
+			address(corev1.NodeInternalIP, "10.0.0.1"),
+		),
+		opts:           opts,
+		want:           mesh.Node{Name: "n1", InternalIPs: addrs("10.0.0.1"), Endpoint: ipEP("10.0.0.1:51820")},
+		badAnnotations: []string{AnnotationInternalIP},
+	}, {
 		name:           "malformed pod CIDRs",
 		node:           node(podCIDRs("10.244.1.0/24", "garbage")),
 		opts:           opts,
