@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // renderSave prints parsed tables back in iptables-save form (tables in
@@ -76,8 +77,10 @@ COMMIT
 			return
 		}
 		for _, tb := range tables {
-			if tb.exists[""] {
-				return // iptables has no chain without a name; "-A " cannot be printed
+			for _, c := range tb.chains {
+				if c == "" || strings.ContainsFunc(c, unicode.IsSpace) {
+					return // iptables has no such chain name; "-A \r" cannot be printed
+				}
 			}
 		}
 		text := renderSave(tables)
