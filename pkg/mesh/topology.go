@@ -688,7 +688,7 @@ func (t *Topology) sortSegments(core []netip.Prefix, ranges [][2]int, endpoints 
 		// An endpoint's own host prefix is left out silently; a wider
 		// prefix containing an endpoint is dropped and reported.
 		if a, ok := endpoints.within(fromV4key(p)); ok {
-			if p&0xff != 32 {
+			if p&0xff != 32 && (i == 0 || keys[i-1] != k) {
 				drops = append(drops, drop{seg: s, owner: -1, p: fromV4key(p), ep: a})
 			}
 			continue
