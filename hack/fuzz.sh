@@ -35,7 +35,7 @@ for dir in $($GO list -f '{{.Dir}}' "${pkgs[@]}"); do
 			echo "FAIL: $pkg $t (the failing input is under $pkg/testdata/fuzz/$t/)"
 			exit 1
 		fi
-		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
 		rm -f "$log"
 		summary+=("$(printf '%-16s %-24s %6ss %12s execs' "$pkg" "$t" $((SECONDS - start)) "${execs:-?}")")
 	done

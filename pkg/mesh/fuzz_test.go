@@ -443,3 +443,39 @@ func checkFuzzPlan(t *testing.T, local string, p *Plan, topo *Topology) {
 func coversSelf(d netip.Prefix, self []netip.Addr, pods []netip.Prefix) bool {
 	return slices.ContainsFunc(self, d.Contains) || slices.ContainsFunc(pods, d.Overlaps)
 }
+
+// TestNoRouteCoversEndpoint is the readable form of what FuzzBuildMesh found:
+// a pod CIDR or a Peer's allowed IP containing a WireGuard endpoint is
+// dropped, reported once, and never routed.
+func TestNoRouteCoversEndpoint(t *testing.T) {
+	nodes := []Node{
+		node("a", "x", "192.168.0.1", "10.1.1.0/24"),
+		node("b", "y", "192.168.1.1", "203.0.113.0/24", public("203.0.113.5:51820")),
+		node("c", "y", "192.168.1.2", "203.0.113.0/24"), // the same pod CIDR again
+	}
+	p := peer("p", "198.51.100.0/24", "10.9.0.0/24")
+	p.Endpoint = ep("198.51.100.1:51820")
+	plan, err := Build(nodes, []Peer{p}, Local{NodeName: "a"}, v4opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range plan.Routes {
+		for _, e := range []string{"203.0.113.5", "198.51.100.1"} {
+			if r.Dst.Contains(addr(e)) {
+				t.Errorf("route %v covers endpoint %s", r, e)
+			}
+		}
+	}
+	if !slices.ContainsFunc(plan.Routes, func(r Route) bool { return r.Dst == pfx("10.9.0.0/24") }) {
+		t.Errorf("the peer's other allowed IP is not routed: %v", plan.Routes)
+	}
+	want := []string{
+		"203.0.113.0/24 of location y contains WireGuard endpoint 203.0.113.5; dropped from y",
+		"allowed IP 198.51.100.0/24 of peer p contains WireGuard endpoint 198.51.100.1; dropped from peer p",
+	}
+	for _, w := range want {
+		if n := slices.Index(plan.Warnings, w); n < 0 || slices.Index(plan.Warnings[n+1:], w) >= 0 {
+			t.Errorf("want warning %q once, got %q", w, plan.Warnings)
+		}
+	}
+}

@@ -820,7 +820,7 @@ func (ss *segSorter) mergeV4(keys []uint64) []uint64 {
 		// An endpoint's own host prefix is left out silently; a wider
 		// prefix containing an endpoint is dropped and reported.
 		if a, ok := ss.endpoints.within(fromV4key(p)); ok {
-			if p&0xff != 32 {
+			if p&0xff != 32 && (i == 0 || keys[i-1] != k) {
 				ss.drops = append(ss.drops, segDrop{seg: s, owner: -1, p: fromV4key(p), ep: a})
 			}
 			continue

@@ -285,10 +285,16 @@ func headlessSlices(k Key, name string, remote []*discoveryv1.EndpointSlice) []*
 				s = *ep.Conditions.Serving
 			}
 			t := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			g.eps[ep.Addresses[0]] = discoveryv1.Endpoint{
+			e := discoveryv1.Endpoint{
 				Addresses:  slices.Clone(ep.Addresses),
 				Hostname:   ep.Hostname,
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr(r), Serving: ptr(s), Terminating: ptr(t)},
+			}
+			// An address in two remote slices (as during a rollout) keeps
+			// the endpoint chosen by content: the informer lists the
+			// slices in random order.
+			if old, dup := g.eps[ep.Addresses[0]]; !dup || compareEndpoints(e, old) < 0 {
+				g.eps[ep.Addresses[0]] = e
 			}
 		}
 	}
@@ -315,6 +321,36 @@ func headlessSlices(k Key, name string, remote []*discoveryv1.EndpointSlice) []*
 		}
 	}
 	return out
+}
+
+// compareEndpoints orders normalized endpoints of one address: ready,
+// serving and not terminating first, then by addresses and hostname.
+func compareEndpoints(a, b discoveryv1.Endpoint) int {
+	hasHostname := func(e discoveryv1.Endpoint) int {
+		if e.Hostname != nil {
+			return 1
+		}
+		return 0
+	}
+	rank := func(e discoveryv1.Endpoint) int {
+		r := 0
+		if !*e.Conditions.Ready {
+			r += 4
+		}
+		if !*e.Conditions.Serving {
+			r += 2
+		}
+		if *e.Conditions.Terminating {
+			r++
+		}
+		return r
+	}
+	return cmp.Or(
+		cmp.Compare(rank(a), rank(b)),
+		slices.Compare(a.Addresses, b.Addresses),
+		cmp.Compare(deref(a.Hostname), deref(b.Hostname)),
+		cmp.Compare(hasHostname(a), hasHostname(b)),
+	)
 }
 
 func normalPorts(ps []discoveryv1.EndpointPort) []discoveryv1.EndpointPort {
