@@ -119,6 +119,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		events:   events,
 		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
 		stateDir: c.StateDir,
+		freeze:   newLiveFreeze(log, c.LeaseDuration, time.Now()),
 		device:   dev,
 		routes:   routes,
 		ipt4:     ipt4,
@@ -195,7 +196,10 @@ func nodeChanged(old, cur *corev1.Node) bool {
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 	observe := func(obj any) {
 		if l, ok := obj.(*coordinationv1.Lease); ok {
-			if _, mine := k8s.NodeNameFromLease(l); mine && d.rec.liveness.Observe(l) {
+			if node, mine := k8s.NodeNameFromLease(l); mine && d.rec.liveness.Observe(l) {
+				if node == d.cfg.Hostname {
+					d.rec.freeze.selfObserved(time.Now())
+				}
 				d.enqueue()
 			}
 		}

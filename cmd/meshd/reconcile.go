@@ -91,6 +91,9 @@ type reconciler struct {
 	secrets k8s.SecretLookup
 	dns     func(host string) (netip.Addr, error)
 
+	// freeze keeps liveness decisions while the API is unreachable (nil: off).
+	freeze *liveFreeze
+
 	// stateDir holds the last applied state (state.go); "" persists nothing.
 	stateDir   string
 	savedState []byte
@@ -179,7 +182,11 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return err
 	}
 	peers = append(peers, r.remotePeers(nodes)...)
-	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: r.liveness.Live()}, r.opts)
+	live := r.liveness.Live()
+	if r.freeze != nil {
+		live = r.freeze.live(live, time.Now())
+	}
+	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
 		return fmt.Errorf("planning: %w", err)
