@@ -212,6 +212,29 @@ func TestOutageAPIServerHung(t *testing.T) {
 			t.Fatalf("laptop: %v %s", err, out)
 		}
 	}
+	// Rotate the preshared key: applied through the Secret watch within
+	// seconds (the peer is updated in place, see pkg/wg).
+	psk2 := randomKey()
+	sec, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, "laptop-psk", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["psk"] = []byte(psk2)
+	rotated := time.Now()
+	if _, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(10*time.Second, 50*time.Millisecond, "the rotated preshared key on a1", func() error {
+		out, err := a1.Exec(ctx, "wg", "show", "meshd0", "preshared-keys")
+		if err != nil || !strings.Contains(out, psk2) {
+			return fmt.Errorf("%v %s", err, out)
+		}
+		return nil
+	})
+	t.Logf("rotated preshared key applied on a1 %s after the Secret update", time.Since(rotated).Round(time.Millisecond))
+	if out, err := laptop.Exec(ctx, "sh", "-c", "echo "+psk2+" > "+pskFile+" && wg set wg0 peer "+s.pubKey(a1)+" preshared-key "+pskFile); err != nil {
+		t.Fatalf("laptop: %v %s", err, out)
+	}
 	s.pingEventually(pod(a2), pod(b1).IP, 60*time.Second)
 	s.pingEventually(pod(b1), pod(c1).IP, 60*time.Second)
 	s.pingEventually(pod(c1), pod(a2).IP, 60*time.Second)

@@ -129,6 +129,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		events:   events,
 		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
 		stateDir: c.StateDir,
+		freeze:   newLiveFreeze(log, c.LeaseDuration, time.Now()),
 		device:   dev,
 		routes:   routes,
 		ipt4:     ipt4,
@@ -220,17 +221,27 @@ func sameVersion(old, cur any) bool {
 }
 
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
-	observe := func(obj any) {
-		if l, ok := obj.(*coordinationv1.Lease); ok {
-			// A renewal that changes no liveness decision plans nothing.
-			if _, mine := k8s.NodeNameFromLease(l); mine && d.rec.liveness.Observe(l) && d.rec.liveness.Changed() {
-				d.enqueue()
-			}
+	// renewed: the Lease itself changed (not an informer resync replaying it).
+	observe := func(obj any, renewed bool) {
+		l, ok := obj.(*coordinationv1.Lease)
+		if !ok {
+			return
+		}
+		node, mine := k8s.NodeNameFromLease(l)
+		if !mine {
+			return
+		}
+		if renewed && node == d.cfg.Hostname {
+			d.rec.freeze.selfObserved(time.Now())
+		}
+		// A renewal that changes no liveness decision plans nothing.
+		if d.rec.liveness.Observe(l) && d.rec.liveness.Changed() {
+			d.enqueue()
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    observe,
-		UpdateFunc: func(_, cur any) { observe(cur) },
+		AddFunc:    func(obj any) { observe(obj, true) },
+		UpdateFunc: func(old, cur any) { observe(cur, !sameVersion(old, cur)) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj

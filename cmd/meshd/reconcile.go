@@ -100,6 +100,9 @@ type reconciler struct {
 	secrets k8s.SecretLookup
 	dns     func(host string) (netip.Addr, error)
 
+	// freeze keeps liveness decisions while the API is unreachable (nil: off).
+	freeze *liveFreeze
+
 	// stateDir holds the last applied state (state.go); "" persists nothing.
 	stateDir   string
 	savedState []byte
@@ -192,6 +195,11 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	peers = append(peers, r.remotePeers(nodes)...)
 	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
+	if r.freeze != nil {
+		// The API server unreachable from here: keep the last live set
+		// (freeze.go); the Lease ages are frozen too (k8s.Liveness).
+		live.Live = r.freeze.live(live.Live, time.Now())
+	}
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")

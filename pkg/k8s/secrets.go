@@ -45,14 +45,6 @@ func NewPresharedKeys(store SecretGetter, namespace string) *PresharedKeys {
 	return &PresharedKeys{store: store, namespace: namespace, last: map[string][]byte{}}
 }
 
-// Remember seeds the last known value of a reference (the persisted state
-// of an earlier run).
-func (p *PresharedKeys) Remember(namespace, name, key string, value []byte) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.last[namespace+"/"+name+"/"+key] = value
-}
-
 // Lookup is a [SecretLookup].
 func (p *PresharedKeys) Lookup(namespace, name, key string) ([]byte, error) {
 	v, err := p.current(namespace, name, key)

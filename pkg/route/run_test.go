@@ -123,6 +123,10 @@ func TestRunOverrun(t *testing.T) {
 			t.Fatalf("resubscribes = %d, want %d", got, i+1)
 		}
 	}
+	// changed is called once the repair's writes are done: right after the
+	// route is back in the kernel, not before.
+	waitFor(t, time.Second, "three repairs reported", func() bool { return changed.Load() == 3 })
+	time.Sleep(3 * repairDelay)
 	if changed.Load() != 3 {
 		t.Fatalf("changed = %d, want 3", changed.Load())
 	}
