@@ -92,7 +92,7 @@ for s in $E2E_KERNEL_RUN; do
 		;;
 	e2e)
 		run=${E2E_KERNEL_E2E_RUN:-'^(TestFullMesh|TestLocationMesh|TestDrift|TestKernel.*)$'}
-		(cd e2e && step e2e env MESHD_CACHE="$out/cache" E2E_PREFIX=kg- E2E_WIREGUARD=kernel E2E_KERNEL=1 E2E_BIN_DIR="$out/bin" \
+		(cd e2e && step e2e env MESHD_CACHE="$out/cache" KUBE_VERSION="$KUBE_VERSION" E2E_PREFIX=kg- E2E_WIREGUARD=kernel E2E_KERNEL=1 E2E_BIN_DIR="$out/bin" \
 			"$out/bin/e2e.test" -test.v -test.count=1 -test.timeout 25m -test.run "$run") || failed=1
 		;;
 	esac

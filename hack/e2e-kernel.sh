@@ -154,6 +154,7 @@ E2E_KERNEL_RUN='${E2E_KERNEL_RUN:-wg throughput e2e}'
 E2E_KERNEL_E2E_RUN='${E2E_KERNEL_E2E_RUN:-}'
 E2E_KERNEL_ACCEL='$accel'
 REPO='$repo'
+KUBE_VERSION='${kubedir##*/kube-}'
 EOF
 # qemu runs in a network namespace of its own: the guest's user-mode network
 # (10.0.2.2) reaches only that namespace's loopback, where the host-side
