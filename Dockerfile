@@ -54,6 +54,8 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM scratch AS prebuilt
 ARG TARGETOS=linux
 ARG TARGETARCH
+# (make image removes this intermediate image after the build)
+LABEL io.meshd.image.stage=prebuilt
 COPY _output/image/${TARGETOS}-${TARGETARCH}/meshd _output/image/${TARGETOS}-${TARGETARCH}/meshctl /out/
 
 FROM ${BINARIES} AS binaries

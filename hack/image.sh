@@ -136,6 +136,8 @@ for p in "${plats[@]}"; do
 	podman build --quiet --pull=never --platform "$p" --network none "${buildargs[@]}" \
 		--build-arg "BASE_IMAGE=$base" --build-arg RUNTIME=runtime-local --build-arg BINARIES=prebuilt \
 		-t "$ref" . >/dev/null
+	# The intermediate image of the prebuilt stage (the binaries alone).
+	podman image prune -f --filter label=io.meshd.image.stage=prebuilt >/dev/null
 	refs+=("$ref")
 done
 

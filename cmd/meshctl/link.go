@@ -19,6 +19,7 @@ import (
 // side is one cluster of a link, as given by --from-*/--to-* flags.
 type side struct {
 	kubeconfig   string
+	context      string
 	name         string
 	server       string
 	serviceCIDRs []string
@@ -31,8 +32,9 @@ type side struct {
 
 func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f := c.Flags()
-	f.StringVar(&s.kubeconfig, prefix+"kubeconfig", "", "kubeconfig of the "+which+" cluster (required)")
-	f.StringVar(&s.name, prefix+"name", "", "name of the "+which+" cluster (DNS label; default: its kubeconfig's current context)")
+	f.StringVar(&s.kubeconfig, prefix+"kubeconfig", "", "kubeconfig of the "+which+" cluster (required unless --"+prefix+"context is given: then $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&s.context, prefix+"context", "", "kubeconfig context of the "+which+" cluster (default: the kubeconfig's current context)")
+	f.StringVar(&s.name, prefix+"name", "", "name of the "+which+" cluster (DNS label; default: its kubeconfig context)")
 	f.StringVar(&s.server, prefix+"server", "", "API server URL of the "+which+" cluster as the other cluster's nodes reach it (default: the kubeconfig's)")
 	f.StringSliceVar(&s.serviceCIDRs, prefix+"service-cidr", nil, "service CIDR(s) of the "+which+" cluster, routed to the other cluster")
 	f.StringSliceVar(&s.meshCIDRs, prefix+"mesh-cidr", []string{"10.4.0.0/16"}, "meshd --mesh-cidr of the "+which+" cluster")
@@ -45,8 +47,11 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 // settings validates the side's flags.
 func (s *side) settings(flag string) (k8s.LinkSettings, error) {
 	var errs []error
-	if s.kubeconfig == "" {
-		errs = append(errs, fmt.Errorf("--%skubeconfig is required", flag))
+	if s.kubeconfig == "" && s.context == "" {
+		errs = append(errs, fmt.Errorf("--%skubeconfig or --%scontext is required", flag, flag))
+	}
+	if s.name == "" && s.context != "" {
+		s.name = dnsLabel(s.context)
 	}
 	if s.name == "" && s.kubeconfig != "" {
 		if raw, err := clientcmd.LoadFromFile(s.kubeconfig); err == nil {
@@ -148,10 +153,10 @@ func settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
 
 // clientsOf connects to both sides.
 func (e *env) clientsOf(from, to *side) (fc, tc *k8s.Clients, err error) {
-	if fc, err = e.newClients(from.kubeconfig); err != nil {
+	if fc, err = e.newClients(from.kubeconfig, from.context); err != nil {
 		return nil, nil, err
 	}
-	if tc, err = e.newClients(to.kubeconfig); err != nil {
+	if tc, err = e.newClients(to.kubeconfig, to.context); err != nil {
 		return nil, nil, err
 	}
 	return fc, tc, nil
