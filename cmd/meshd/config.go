@@ -176,7 +176,7 @@ func (c *config) validate(o mesh.Options) []error {
 		errs = append(errs, fmt.Errorf("--lease-namespace %q: not a namespace name: %s", c.LeaseNamespace, strings.Join(e, "; ")))
 	}
 	if c.Interface != "" && (strings.ContainsAny(c.Interface, "/: \t\n") || c.Interface == "." || c.Interface == "..") {
-		errs = append(errs, fmt.Errorf("--interface %q: an interface name has no '/', ':' or white space and is not . or ..", c.Interface))
+		errs = append(errs, fmt.Errorf("--interface %q: an interface name has no '/', ':' or white space and is neither '.' nor '..'", c.Interface))
 	}
 	if e := validation.IsQualifiedName(c.TopologyLabel); len(e) > 0 {
 		errs = append(errs, fmt.Errorf("--topology-label %q: not a label key: %s", c.TopologyLabel, strings.Join(e, "; ")))

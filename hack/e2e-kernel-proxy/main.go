@@ -8,6 +8,9 @@
 // 203.0.113.2:6443 to the host through the guest's own (root) namespace.
 //
 //	e2e-kernel-proxy -listen 0.0.0.0:6443 -netns /proc/1/ns/net -to 10.0.2.2:6443
+//
+// Out of scope: anything but plain TCP forwarding; it is test tooling, never
+// shipped.
 package main
 
 import (

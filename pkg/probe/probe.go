@@ -18,6 +18,10 @@
 // big-endian sequence number echoed by the reply. Probes are not
 // authenticated: someone able to spoof underlay packets can make a dead node
 // look alive (but can equally drop WireGuard traffic).
+//
+// Out of scope: which targets to probe and what their states mean for leader
+// election (cmd/meshd and pkg/k8s's Liveness decide), publishing the results
+// (the heartbeat Lease, pkg/k8s) and any other route or rule (pkg/route).
 package probe
 
 import (

@@ -24,4 +24,8 @@
 // The in-process device keeps every socket it opens (UDP, route listener) in
 // the network namespace of the thread that called Open or RunDevice, even when
 // other namespaces exist in the same process (as in tests).
+//
+// Out of scope: which peers, addresses and MTU the interface should have
+// (pkg/mesh plans them), routes and policy rules (pkg/route) and iptables
+// (pkg/iptables); this package imports nothing of meshd or k8s.io.
 package wg
