@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -94,17 +95,23 @@ func setLink(ctx context.Context, n *testbed.Node, up bool) error {
 	return nil
 }
 
-// leads reports whether n is its location's leader as seen on n: it has a
-// WireGuard peer with allowed IPs (a standby peer, kept ahead of a
-// takeover, has none).
+// leads reports whether n is its location's leader as seen on n: it routes
+// another node's pod CIDR into WireGuard (a standby, peered ahead of a
+// takeover, still routes through its leader).
 func (s *scenario) leads(n *testbed.Node) bool {
-	d, err := n.WG(s.ctx, "meshd0")
+	out, err := n.Exec(s.ctx, "ip", "route", "show", "table", "51820")
 	if err != nil {
 		return false
 	}
-	for _, p := range d.Peers {
-		if len(p.AllowedIPs) > 0 {
-			return true
+	for _, l := range lines(out) {
+		f := strings.Fields(l)
+		if len(f) == 0 || !strings.Contains(l, "dev meshd0") {
+			continue
+		}
+		for _, o := range tb.Nodes() {
+			if o != n && f[0] == o.PodCIDR.String() {
+				return true
+			}
 		}
 	}
 	return false
