@@ -10,10 +10,12 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -94,17 +96,23 @@ func setLink(ctx context.Context, n *testbed.Node, up bool) error {
 	return nil
 }
 
-// leads reports whether n is its location's leader as seen on n: it has a
-// WireGuard peer with allowed IPs (a standby peer, kept ahead of a
-// takeover, has none).
+// leads reports whether n is its location's leader as seen on n: it routes
+// another node's pod CIDR into WireGuard (a standby, peered ahead of a
+// takeover, still routes through its leader).
 func (s *scenario) leads(n *testbed.Node) bool {
-	d, err := n.WG(s.ctx, "meshd0")
+	out, err := n.Exec(s.ctx, "ip", "route", "show", "table", "51820")
 	if err != nil {
 		return false
 	}
-	for _, p := range d.Peers {
-		if len(p.AllowedIPs) > 0 {
-			return true
+	for _, l := range lines(out) {
+		f := strings.Fields(l)
+		if len(f) == 0 || !strings.Contains(l, "dev meshd0") {
+			continue
+		}
+		for _, o := range tb.Nodes() {
+			if o != n && f[0] == o.PodCIDR.String() {
+				return true
+			}
 		}
 	}
 	return false
@@ -264,43 +272,62 @@ func TestFailoverLeaderKill(t *testing.T) {
 }
 
 // idleWrites watches Leases and Nodes for d at idle and reports the write
-// rate; Lease writes must stay at about one per node per 10 s.
+// rate; Lease writes must stay at about one per node per 10 s. A watch the
+// API server closes is resumed from the last resourceVersion seen.
 func (s *scenario) idleWrites(nodes int, d time.Duration) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(s.ctx, d)
 	defer cancel()
-	lw, err := tb.Kube.CoordinationV1().Leases(testbed.LeaseNamespace).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer lw.Stop()
-	nw, err := tb.Kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer nw.Stop()
-	var leases, nodeWrites int
-	for done := false; !done; {
-		select {
-		case <-ctx.Done():
-			done = true
-		case e, ok := <-lw.ResultChan():
-			if ok && e.Type == watch.Modified {
-				leases++
+	count := func(start func(rv string) (watch.Interface, error)) <-chan int {
+		out := make(chan int, 1)
+		go func() {
+			n, rv := 0, ""
+			defer func() { out <- n }()
+			for ctx.Err() == nil {
+				w, err := start(rv)
+				if err != nil {
+					if ctx.Err() == nil {
+						s.t.Errorf("watching for writes: %v", err)
+					}
+					return
+				}
+				for e := range w.ResultChan() {
+					if e.Type == watch.Error {
+						rv = "" // expired: start over from a fresh list
+						continue
+					}
+					if m, err := meta.Accessor(e.Object); err == nil {
+						rv = m.GetResourceVersion()
+					}
+					if e.Type == watch.Modified {
+						n++
+					}
+				}
+				w.Stop()
 			}
-		case e, ok := <-nw.ResultChan():
-			if ok && e.Type == watch.Modified {
-				nodeWrites++
-			}
-		}
+		}()
+		return out
 	}
+	opts := func(rv string) metav1.ListOptions {
+		return metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: false}
+	}
+	leasesC := count(func(rv string) (watch.Interface, error) {
+		return tb.Kube.CoordinationV1().Leases(testbed.LeaseNamespace).Watch(ctx, opts(rv))
+	})
+	nodesC := count(func(rv string) (watch.Interface, error) {
+		return tb.Kube.CoreV1().Nodes().Watch(ctx, opts(rv))
+	})
+	leases, nodeWrites := <-leasesC, <-nodesC
 	per10s := func(n int) float64 { return float64(n) / float64(nodes) / d.Seconds() * 10 }
 	s.t.Logf("idle API writes over %s, %d nodes: %d Lease writes (%.2f per node per 10 s), %d Node writes (%.2f per node per 10 s)",
 		d, nodes, leases, per10s(leases), nodeWrites, per10s(nodeWrites))
 	// One renewal per node per 10 s; a window of d catches at most
-	// d/10s + 1 of them per node.
+	// d/10s + 1 of them per node, and at least d/10s - 1.
 	if limit := nodes * (int(d/(10*time.Second)) + 1); leases > limit {
 		s.t.Errorf("idle Lease writes: %d in %s for %d nodes (%.2f per node per 10 s), want at most %d (one per node per 10 s)", leases, d, nodes, per10s(leases), limit)
+	}
+	if floor := nodes * (int(d/(10*time.Second)) - 1); leases < floor {
+		s.t.Errorf("idle Lease writes: only %d in %s for %d nodes: heartbeats missing, or the watch lost events", leases, d, nodes)
 	}
 }
 

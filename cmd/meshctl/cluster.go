@@ -177,6 +177,9 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 	m.Notes = outsideMeshCIDR(m.Input.Nodes, opts.MeshCIDRs)
 	if s.Leases != nil {
 		m.Live, m.Leases = liveness(s.Leases, set.leaseDuration, now)
+		// The data-plane votes the nodes publish on their Leases, judged
+		// as every meshd judges them (docs/failover.md).
+		m.Live = k8s.Judge(m.Live, leaseReports(s.Leases), k8s.LocationKeys(m.Input.Nodes, opts.Granularity))
 	}
 	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live}, opts)
 	if err != nil {
@@ -222,6 +225,17 @@ func liveness(leases []*coordinationv1.Lease, timeout time.Duration, now time.Ti
 		}
 	}
 	return live, has
+}
+
+// leaseReports are the probe reports published on the heartbeat Leases.
+func leaseReports(leases []*coordinationv1.Lease) map[string]k8s.Report {
+	out := make(map[string]k8s.Report, len(leases))
+	for _, l := range leases {
+		if node, ok := k8s.NodeNameFromLease(l); ok {
+			out[node] = k8s.ReportFromLease(l)
+		}
+	}
+	return out
 }
 
 // nodeNames lists the known nodes, for errors.

@@ -8,6 +8,7 @@ import (
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -20,6 +21,10 @@ func cleanup(c *config, log *slog.Logger) error {
 		errs = append(errs, fmt.Errorf("opening netlink: %w", err))
 	} else if err := rm.Cleanup(); err != nil {
 		errs = append(errs, fmt.Errorf("removing routes and rules: %w", err))
+	}
+	// The data-plane probes' bypass rule (failover.go).
+	if err := probe.RemoveBypass(probe.DefaultMark, mesh.DefaultRulePriority-1); err != nil {
+		errs = append(errs, err)
 	}
 	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		ipt, err := iptables.New(iptables.Options{Family: fam, Backend: c.IPTablesMode, Logger: log})

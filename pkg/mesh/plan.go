@@ -268,9 +268,11 @@ func (t *Topology) sortPeers(ps []WireGuardPeer) []WireGuardPeer {
 // fresh until the takeover moves the allowed IPs onto it.
 const standbyKeepalive = 15 * time.Second
 
-// standbyPeers are the peers a node keeps ahead of a leadership takeover,
-// without allowed IPs: a leader peers with the other locations' standbys;
-// a standby peers with the other locations' leaders.
+// standbyPeers are the peers a node keeps ahead of a leadership takeover:
+// a leader peers with the other locations' standbys, without allowed IPs
+// (they go to the current leaders); a standby peers with the other
+// locations' leaders, with their allowed IPs (no route sends traffic to them
+// before the takeover).
 func (t *Topology) standbyPeers(lm *member) []WireGuardPeer {
 	var zero wgtypes.Key
 	ls := &t.Segments[t.LocalSegment]
@@ -282,13 +284,18 @@ func (t *Topology) standbyPeers(lm *member) []WireGuardPeer {
 		}
 		var n *Node
 		var ep Endpoint
+		var allowed []netip.Prefix
 		switch {
 		case ls.leader == t.local && seg.standby >= 0:
 			n = t.members[seg.standby].n
 			ep = normEndpoint(n.Endpoint)
 		case ls.standby == t.local && seg.PublicKey != zero:
+			// The standby accepts what the other leaders send already (its
+			// routes still go through its own leader): a leader that switches
+			// before it does loses nothing.
 			n = t.members[seg.leader].n
 			ep = seg.Endpoint
+			allowed = seg.AllowedIPs
 		default:
 			continue
 		}
@@ -300,6 +307,7 @@ func (t *Topology) standbyPeers(lm *member) []WireGuardPeer {
 			PublicKey:           n.PublicKey,
 			Endpoint:            ep,
 			PersistentKeepalive: max(standbyKeepalive, n.PersistentKeepalive, lm.n.PersistentKeepalive),
+			AllowedIPs:          allowed,
 		})
 	}
 	return ps

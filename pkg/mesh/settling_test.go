@@ -73,8 +73,22 @@ func TestStandbyPeers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pa.Leader || len(pa.WireGuard.Peers) != 1 || pa.WireGuard.Peers[0].PublicKey != key("c") || len(pa.WireGuard.Peers[0].AllowedIPs) != 0 {
-		t.Errorf("standby a: leader %v, peers %+v; want one peer c without allowed IPs", pa.Leader, pa.WireGuard.Peers)
+	if pa.Leader || len(pa.WireGuard.Peers) != 1 || pa.WireGuard.Peers[0].PublicKey != key("c") || len(pa.WireGuard.Peers[0].AllowedIPs) == 0 {
+		t.Errorf("standby a: leader %v, peers %+v; want one peer c with y's allowed IPs", pa.Leader, pa.WireGuard.Peers)
+	}
+	for _, r := range pa.Routes {
+		if r.Device == DefaultInterface {
+			t.Errorf("standby a routes into WireGuard before the takeover: %+v", r)
+		}
+	}
+	leaderRoutes := 0
+	for _, r := range pc.Routes {
+		if r.Device == DefaultInterface {
+			leaderRoutes++
+		}
+	}
+	if leaderRoutes == 0 {
+		t.Error("leader c has no route into WireGuard: the standby check above proves nothing")
 	}
 	pd, err := Build(nodes, nil, local("d"), v4opts())
 	if err != nil {

@@ -36,3 +36,22 @@ func ensureBypass(mark uint32, priority int) error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveBypass deletes the rules ensureBypass adds (meshd cleanup); missing
+// ones are fine.
+func RemoveBypass(mark uint32, priority int) error {
+	var errs []error
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		r := netlink.NewRule()
+		r.Family = fam
+		r.Priority = priority
+		r.Table = unix.RT_TABLE_MAIN
+		r.Mark = mark
+		mask := uint32(0xffffffff)
+		r.Mask = &mask
+		if err := netlink.RuleDel(r); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EAFNOSUPPORT) {
+			errs = append(errs, fmt.Errorf("removing the rule fwmark %#x lookup main pref %d: %w", mark, priority, err))
+		}
+	}
+	return errors.Join(errs...)
+}
