@@ -42,7 +42,7 @@ func TestRemotePeersLive(t *testing.T) {
 	// w1 (a's leader) and w3 (b's, alone) are dead: a fails over to w2; b
 	// keeps its only node, dead, and the services go to the first live
 	// leader (w2) instead.
-	peers, problems := RemotePeersLive(ls, nodes, local, judge(map[string]bool{"w2": true, "w4": true}))
+	peers, problems := RemotePeersLive(ls, nodes, mesh.RemoteGuard{Local: local}, judge(map[string]bool{"w2": true, "w4": true}))
 	if len(problems) != 0 {
 		t.Fatal(problems)
 	}
@@ -54,12 +54,12 @@ func TestRemotePeersLive(t *testing.T) {
 		t.Errorf("judge got locations %v", gotLoc)
 	}
 	// Only w4 live: services via w4.
-	peers, _ = RemotePeersLive(ls, nodes, local, judge(map[string]bool{"w4": true}))
+	peers, _ = RemotePeersLive(ls, nodes, mesh.RemoteGuard{Local: local}, judge(map[string]bool{"w4": true}))
 	if _, withSvc := names(peers); withSvc != "cluster-west-w4" {
 		t.Errorf("services via %s, want cluster-west-w4", withSvc)
 	}
 	// No judge: everyone live, services via the first leader (as RemotePeers).
-	peers, _ = RemotePeersLive(ls, nodes, local, nil)
+	peers, _ = RemotePeersLive(ls, nodes, mesh.RemoteGuard{Local: local}, nil)
 	if got, withSvc := names(peers); got[0] != "cluster-west-w1" || withSvc != "cluster-west-w1" {
 		t.Errorf("without a judge: %v, services via %s", got, withSvc)
 	}
