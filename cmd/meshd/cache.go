@@ -2,15 +2,11 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"reflect"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"meshd.io/meshd/pkg/k8s"
@@ -60,20 +56,6 @@ func dropManagedFields(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
-}
-
-// protobufClient is a clientset like clients.Kube that asks for protobuf
-// (built-in types only; the Peer CRD stays JSON): cheaper to decode than
-// JSON for the watches every daemon keeps on every Node and Lease.
-func protobufClient(clients *k8s.Clients) (kubernetes.Interface, error) {
-	cfg := rest.CopyConfig(clients.Config)
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("building the protobuf API client: %w", err)
-	}
-	return kc, nil
 }
 
 // setTransform installs a transform on an informer that has not started.

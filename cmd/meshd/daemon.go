@@ -123,16 +123,10 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: k8s.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
-	// Lean caches (cache.go): only what meshd reads is kept, and Nodes and
-	// Leases are watched as protobuf (every daemon decodes every Lease
-	// renewal of the cluster: N/10 per second).
-	watchKube, err := protobufClient(clients)
-	if err != nil {
-		return nil, err
-	}
-	factory := informers.NewSharedInformerFactoryWithOptions(watchKube, c.ResyncPeriod, informers.WithTransform(leanNode))
+	// Lean caches (cache.go): only what meshd reads is kept.
+	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
-	leaseFactory := informers.NewSharedInformerFactoryWithOptions(watchKube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
 	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
