@@ -84,6 +84,44 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	return fs
 }
 
+// scalarErrors checks the flags that are single values: ports, names,
+// modes and durations.
+func (c *config) scalarErrors() []error {
+	var errs []error
+	if c.Port < 1 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d: want 1-65535", c.Port))
+	}
+	if c.Interface == "" || len(c.Interface) > 15 {
+		errs = append(errs, fmt.Errorf("--interface %q: want 1-15 characters", c.Interface))
+	}
+	switch wg.Mode(c.WireGuard) {
+	case wg.ModeAuto, wg.ModeKernel, wg.ModeUserspace:
+	default:
+		errs = append(errs, fmt.Errorf("--wireguard %q: want auto, kernel or userspace", c.WireGuard))
+	}
+	if _, err := c.mtu(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ProbePort < 0 || c.ProbePort > 65535 || (c.ProbePort != 0 && c.ProbePort == c.Port) {
+		errs = append(errs, fmt.Errorf("--probe-port %d: want 0 (off) or 1-65535, not the WireGuard --port", c.ProbePort))
+	}
+	if c.TakeoverDelay < 0 {
+		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))
+	}
+	if c.ResyncPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--resync-period %s: must be positive", c.ResyncPeriod))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.IPTablesMode {
+	case "", "nft", "legacy":
+	default:
+		errs = append(errs, fmt.Errorf("--iptables-backend %q: want empty, nft or legacy", c.IPTablesMode))
+	}
+	return errs
+}
+
 // options turns the validated flags into planner options.
 func (c *config) options() (mesh.Options, error) {
 	var errs []error
@@ -112,43 +150,13 @@ func (c *config) options() (mesh.Options, error) {
 		}
 		o.ServiceCIDRs = append(o.ServiceCIDRs, p.Masked())
 	}
-	if c.Port < 1 || c.Port > 65535 {
-		errs = append(errs, fmt.Errorf("--port %d: want 1-65535", c.Port))
-	}
-	if c.Interface == "" || len(c.Interface) > 15 {
-		errs = append(errs, fmt.Errorf("--interface %q: want 1-15 characters", c.Interface))
-	}
 	if c.Hostname == "" {
 		c.Hostname = defaultHostname()
 	}
 	if c.Hostname == "" {
 		errs = append(errs, errors.New("--hostname: empty and neither $NODE_NAME nor the host name is set"))
 	}
-	switch wg.Mode(c.WireGuard) {
-	case wg.ModeAuto, wg.ModeKernel, wg.ModeUserspace:
-	default:
-		errs = append(errs, fmt.Errorf("--wireguard %q: want auto, kernel or userspace", c.WireGuard))
-	}
-	if _, err := c.mtu(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.ProbePort < 0 || c.ProbePort > 65535 || (c.ProbePort != 0 && c.ProbePort == c.Port) {
-		errs = append(errs, fmt.Errorf("--probe-port %d: want 0 (off) or 1-65535, not the WireGuard --port", c.ProbePort))
-	}
-	if c.TakeoverDelay < 0 {
-		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))
-	}
-	if c.ResyncPeriod <= 0 {
-		errs = append(errs, fmt.Errorf("--resync-period %s: must be positive", c.ResyncPeriod))
-	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		errs = append(errs, err)
-	}
-	switch c.IPTablesMode {
-	case "", "nft", "legacy":
-	default:
-		errs = append(errs, fmt.Errorf("--iptables-backend %q: want empty, nft or legacy", c.IPTablesMode))
-	}
+	errs = append(errs, c.scalarErrors()...)
 	errs = append(errs, c.validate(o)...)
 	return o, errors.Join(errs...)
 }

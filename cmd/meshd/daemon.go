@@ -299,52 +299,37 @@ func (d *daemon) Run(ctx context.Context) error {
 		}
 	}
 	var g run.Group
-	{ // informers
-		ictx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			go d.nodes.RunWithContext(ictx)
-			go d.peers.RunWithContext(ictx)
-			go d.leases.RunWithContext(ictx)
-			go d.secrets.RunWithContext(ictx)
-			<-ictx.Done()
-			return nil
-		}, func(error) { cancel() })
+	add := func(run func(context.Context) error) { addActor(&g, ctx, run) }
+	// The informers.
+	add(func(ictx context.Context) error {
+		go d.nodes.RunWithContext(ictx)
+		go d.peers.RunWithContext(ictx)
+		go d.leases.RunWithContext(ictx)
+		go d.secrets.RunWithContext(ictx)
+		<-ictx.Done()
+		return nil
+	})
+	// Peer endpoint names, resolved in the background.
+	add(d.dns.Run)
+	// The reconcile worker.
+	wctx, cancelWork := context.WithCancel(ctx)
+	g.Add(func() error { return d.work(wctx) }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })
+	// Periodic resync and liveness expiry.
+	add(func(tctx context.Context) error { d.tick(tctx); return nil })
+	// Route repair: the netlink watch.
+	add(func(rctx context.Context) error {
+		return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
+	})
+	// The WireGuard interface deleted or recreated: its routes went with it.
+	add(func(lctx context.Context) error { return wg.WatchLink(lctx, d.log, d.cfg.Interface, d.enqueue) })
+	if d.links != nil { // linked clusters and their nodes' liveness
+		add(d.links.Run)
+		add(d.rec.linkLive.Run)
 	}
-	{ // Peer endpoint names, resolved in the background
-		rctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.dns.Run(rctx) }, func(error) { cancel() })
-	}
-	{ // the reconcile worker
-		wctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.work(wctx) }, func(error) { cancel(); d.coalesce.stop(); d.queue.ShutDown() })
-	}
-	{ // periodic resync and liveness expiry
-		tctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { d.tick(tctx); return nil }, func(error) { cancel() })
-	}
-	{ // route repair: netlink watch
-		rctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
-		}, func(error) { cancel() })
-	}
-	{ // the WireGuard interface deleted or recreated: its routes went with it
-		wctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return wg.WatchLink(wctx, d.log, d.cfg.Interface, d.enqueue) }, func(error) { cancel() })
-	}
-	if d.links != nil { // linked clusters
-		lctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.links.Run(lctx) }, func(error) { cancel() })
-		llctx, llcancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.rec.linkLive.Run(llctx) }, func(error) { llcancel() })
-	}
-	{ // liveness heartbeat
-		hctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.runHeartbeat(hctx) }, func(error) { cancel() })
-	}
-	if d.prober != nil { // data-plane probes
-		pctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error { return d.prober.Run(pctx) }, func(error) { cancel() })
+	// The liveness heartbeat, and the data-plane probes.
+	add(d.runHeartbeat)
+	if d.prober != nil {
+		add(d.prober.Run)
 	}
 	{ // HTTP: metrics and probes
 		srv := &http.Server{Addr: d.cfg.Listen, Handler: d.mux(), ReadHeaderTimeout: 5 * time.Second}
@@ -364,6 +349,13 @@ func (d *daemon) Run(ctx context.Context) error {
 		g.Add(func() error { <-ctx.Done(); return ctx.Err() }, func(error) {})
 	}
 	return g.Run()
+}
+
+// addActor adds to g an actor that runs run with a context of its own,
+// derived from ctx and cancelled when the group stops.
+func addActor(g *run.Group, ctx context.Context, run func(context.Context) error) {
+	actx, cancel := context.WithCancel(ctx)
+	g.Add(func() error { return run(actx) }, func(error) { cancel() })
 }
 
 // work is the single worker: it waits for the caches, then reconciles

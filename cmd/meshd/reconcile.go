@@ -213,6 +213,28 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 
 	// Apply: every part is attempted even if another fails.
+	errs := r.execute(plan)
+	// The node is programmed: persist it for a restart during an API outage.
+	if len(errs) == 0 {
+		r.saveState(plan)
+	}
+	// Report: publish what other nodes need.
+	if err := r.publish(ctx, self, plan); err != nil {
+		r.metrics.fail("publish")
+		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
+	}
+	r.metrics.setPlan(plan, len(nodes), len(peers))
+	// Ready: programmed from fresh data, everything applied and reported.
+	r.ready.Store(len(errs) == 0)
+	if len(errs) == 0 {
+		r.log.Debug("reconciled", "duration", time.Since(start), "peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "leader", plan.Leader)
+	}
+	return errors.Join(errs...)
+}
+
+// execute hands the plan to every executor (WireGuard, routes, iptables);
+// each one is attempted even if another fails.
+func (r *reconciler) execute(plan *mesh.Plan) []error {
 	var errs []error
 	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
 		r.metrics.fail("wireguard")
@@ -232,22 +254,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
 		}
 	}
-	// The node is programmed: persist it for a restart during an API outage.
-	if len(errs) == 0 {
-		r.saveState(plan)
-	}
-	// Report: publish what other nodes need.
-	if err := r.publish(ctx, self, plan); err != nil {
-		r.metrics.fail("publish")
-		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
-	}
-	r.metrics.setPlan(plan, len(nodes), len(peers))
-	// Ready: programmed from fresh data, everything applied and reported.
-	r.ready.Store(len(errs) == 0)
-	if len(errs) == 0 {
-		r.log.Debug("reconciled", "duration", time.Since(start), "peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "leader", plan.Leader)
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // meshInput converts the Node and Peer objects like every node does

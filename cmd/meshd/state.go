@@ -151,21 +151,7 @@ func (r *reconciler) restore() (ok bool) {
 		r.linkPeers = s.Links
 	}
 	plan := s.Plan
-	var errs []error
-	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
-		errs = append(errs, fmt.Errorf("configuring WireGuard: %w", err))
-	}
-	if err := r.routes.Set(routes(plan), rules(plan)); err != nil {
-		errs = append(errs, fmt.Errorf("setting routes: %w", err))
-	}
-	if err := r.ipt4.Set(iptablesConfig(plan.IPTables.V4)); err != nil {
-		errs = append(errs, fmt.Errorf("setting IPv4 iptables: %w", err))
-	}
-	if r.ipt6 != nil {
-		if err := r.ipt6.Set(iptablesConfig(plan.IPTables.V6)); err != nil {
-			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
-		}
-	}
+	errs := r.execute(plan) // the same executors, the same order as a reconcile
 	r.restoredAt.Store(&s.Saved)
 	r.log.Info("applied the last persisted state while the caches sync", "saved", s.Saved, "duration", time.Since(start), "since_process_start", time.Since(processStart),
 		"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "error", errors.Join(errs...))

@@ -312,24 +312,47 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 	if server == "" {
 		server = from.Config.Host
 	}
-	ca := from.Config.CAData
-	if len(ca) == 0 && from.Config.CAFile != "" {
-		var err error
-		if ca, err = os.ReadFile(from.Config.CAFile); err != nil {
-			return fmt.Errorf("cluster %s: reading its CA: %w", fromSettings.Name, err)
-		}
-	}
-	if len(ca) == 0 && !o.InsecureSkipTLSVerify {
-		return fmt.Errorf("cluster %s: %w", fromSettings.Name, ErrNoCA)
+	ca, err := linkCA(from, fromSettings.Name, o.InsecureSkipTLSVerify)
+	if err != nil {
+		return err
 	}
 	k := from.Kube
 	if _, err := k.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("cluster %s: namespace %s (is meshd installed?): %w", fromSettings.Name, namespace, err)
 	}
 	labels := map[string]string{LabelManagedBy: ManagedBy}
+	if err := ensureLinkReader(ctx, k, fromSettings.Name, namespace, labels); err != nil {
+		return err
+	}
+	token, expires, err := requestLinkToken(ctx, k, namespace, LinkTokenAnchor(toName), labels)
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
+	}
+	return writeLinkSecret(ctx, to, namespace, fromSettings, server, ca, token, expires)
+}
+
+// linkCA is the CA the link kubeconfig verifies `from`'s API server with;
+// none is an error (ErrNoCA) unless insecure.
+func linkCA(from *Clients, name string, insecure bool) ([]byte, error) {
+	ca := from.Config.CAData
+	if len(ca) == 0 && from.Config.CAFile != "" {
+		var err error
+		if ca, err = os.ReadFile(from.Config.CAFile); err != nil {
+			return nil, fmt.Errorf("cluster %s: reading its CA: %w", name, err)
+		}
+	}
+	if len(ca) == 0 && !insecure {
+		return nil, fmt.Errorf("cluster %s: %w", name, ErrNoCA)
+	}
+	return ca, nil
+}
+
+// ensureLinkReader creates (or updates) in a cluster the link reader's
+// ServiceAccount, its read-only ClusterRole and the binding.
+func ensureLinkReader(ctx context.Context, k kubernetes.Interface, cluster, namespace string, labels map[string]string) error {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Namespace: namespace, Labels: labels}}
 	if _, err := k.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("cluster %s: creating ServiceAccount %s/%s: %w", fromSettings.Name, namespace, LinkReader, err)
+		return fmt.Errorf("cluster %s: creating ServiceAccount %s/%s: %w", cluster, namespace, LinkReader, err)
 	}
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Labels: labels},
@@ -346,10 +369,10 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 	if _, err := k.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
 		_, err = k.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{})
 		if err != nil {
-			return fmt.Errorf("cluster %s: updating ClusterRole %s: %w", fromSettings.Name, LinkReader, err)
+			return fmt.Errorf("cluster %s: updating ClusterRole %s: %w", cluster, LinkReader, err)
 		}
 	} else if err != nil {
-		return fmt.Errorf("cluster %s: creating ClusterRole %s: %w", fromSettings.Name, LinkReader, err)
+		return fmt.Errorf("cluster %s: creating ClusterRole %s: %w", cluster, LinkReader, err)
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: LinkReader, Labels: labels},
@@ -357,12 +380,14 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: LinkReader, Namespace: namespace}},
 	}
 	if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", fromSettings.Name, LinkReader, err)
+		return fmt.Errorf("cluster %s: creating ClusterRoleBinding %s: %w", cluster, LinkReader, err)
 	}
-	token, expires, err := requestLinkToken(ctx, k, namespace, LinkTokenAnchor(toName), labels)
-	if err != nil {
-		return fmt.Errorf("cluster %s: %w", fromSettings.Name, err)
-	}
+	return nil
+}
+
+// writeLinkSecret creates (or updates) in `to` the link Secret: a
+// kubeconfig for token and from's settings.
+func writeLinkSecret(ctx context.Context, to *Clients, namespace string, fromSettings LinkSettings, server string, ca []byte, token string, expires time.Time) error {
 	kc, err := clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
 		AuthInfos:      map[string]*clientcmdapi.AuthInfo{LinkReader: {Token: token}},
