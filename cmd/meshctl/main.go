@@ -65,7 +65,9 @@ type env struct {
 	// remoteClients builds clients from a link Secret's kubeconfig (nil:
 	// remoteClientsFromKubeconfig).
 	remoteClients func(kubeconfig []byte) (*k8s.Clients, error)
-	s             settings
+	// pollInterval is how often status --wait reads again (0: 2s).
+	pollInterval time.Duration
+	s            settings
 }
 
 func newRootCommand(e *env) *cobra.Command {
@@ -272,37 +274,6 @@ a non-leader to its leader (underlay, no WireGuard).
 	c.Flags().StringVarP(&output, "output", "o", "dot", "output format: dot or svg")
 	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"dot", "svg"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
-}
-
-func newStatusCommand(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "status",
-		Short: "Show nodes, locations, leaders, peers and WireGuard links",
-		Long: `Shows the mesh as meshd computes it: every node (location, leader, endpoint,
-mesh IPs, whether it published a WireGuard key, whether its heartbeat Lease
-is fresh), every location with its leader, the outside Peers, and every
-WireGuard link with the age of its latest handshake in seconds as the
-leaders published it ("-" when unknown). Clusters linked with "meshctl link"
-are read through their link Secrets (in --lease-namespace) the way meshd
-reads them: their location leaders appear as this cluster's links. Problems
-found in the objects are listed last.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := e.load(cmd.Context())
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
-			defer cancel()
-			var notes []string
-			m.Linked, notes = e.linkedClusters(ctx, m)
-			for _, n := range notes {
-				fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
-			}
-			_, err = io.WriteString(e.stdout, renderStatus(m))
-			return err
-		},
-	}
 }
 
 // load reads the cluster and computes the model.
