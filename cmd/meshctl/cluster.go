@@ -22,6 +22,7 @@ import (
 // settings are the global flags: the cluster's meshd settings.
 type settings struct {
 	kubeconfig     string
+	context        string
 	granularity    string
 	meshCIDRs      []string
 	port           int

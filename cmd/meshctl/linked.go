@@ -46,7 +46,7 @@ func remoteClientsFromKubeconfig(kc []byte) (*k8s.Clients, error) {
 // each, the linked cluster's Nodes. Not being allowed to read Secrets is a
 // note, not an error: status then shows this cluster alone.
 func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []string) {
-	c, err := e.newClients(e.s.kubeconfig)
+	c, err := e.newClients(e.s.kubeconfig, e.s.context)
 	if err != nil {
 		return nil, []string{fmt.Sprintf("linked clusters not shown: %v", err)}
 	}

@@ -28,7 +28,7 @@ import (
 var version = "dev"
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: k8s.NewClients, now: time.Now}
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now}
 	os.Exit(e.execute(os.Args[1:]))
 }
 
@@ -58,8 +58,10 @@ func (e usageError) Unwrap() error { return e.error }
 // env is what every command shares: the global flags and the outputs.
 type env struct {
 	stdout, stderr io.Writer
-	newClients     func(kubeconfig string) (*k8s.Clients, error)
-	now            func() time.Time
+	// newClients builds clients for a kubeconfig and a context in it
+	// ("": the current one).
+	newClients func(kubeconfig, kubecontext string) (*k8s.Clients, error)
+	now        func() time.Time
 	// resolve resolves Peer endpoint names (nil: the system resolver).
 	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// remoteClients builds clients from a link Secret's kubeconfig (nil:
@@ -91,6 +93,7 @@ otherwise meshctl computes a different mesh than the nodes do.`,
 	})
 	f := root.PersistentFlags()
 	f.StringVar(&e.s.kubeconfig, "kubeconfig", "", "path to the kubeconfig (default: $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&e.s.context, "context", "", "the kubeconfig context to use (default: its current context)")
 	f.StringVar(&e.s.granularity, "mesh-granularity", string(mesh.GranularityLocation), "the cluster's meshd --mesh-granularity: location or full")
 	f.StringSliceVar(&e.s.meshCIDRs, "mesh-cidr", []string{"10.4.0.0/16"}, "the cluster's meshd --mesh-cidr (repeatable: one IPv4 and one IPv6)")
 	f.IntVar(&e.s.port, "port", mesh.DefaultPort, "the cluster's meshd --port (WireGuard UDP port)")
@@ -287,7 +290,7 @@ func (e *env) load(ctx context.Context) (*model, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.s.timeout)
 	defer cancel()
-	c, err := e.newClients(e.s.kubeconfig)
+	c, err := e.newClients(e.s.kubeconfig, e.s.context)
 	if err != nil {
 		return nil, err
 	}
@@ -350,7 +353,7 @@ func (e *env) names(ctx context.Context, peers bool) ([]string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := e.newClients(e.s.kubeconfig)
+	c, err := e.newClients(e.s.kubeconfig, e.s.context)
 	if err != nil {
 		return nil, err
 	}

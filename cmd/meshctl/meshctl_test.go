@@ -180,7 +180,7 @@ func runMeshctlWith(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Client
 	e := &env{
 		stdout: &stdout,
 		stderr: &stderr,
-		newClients: func(string) (*k8s.Clients, error) {
+		newClients: func(_, _ string) (*k8s.Clients, error) {
 			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
 		},
 		now:     func() time.Time { return now },
