@@ -190,7 +190,8 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.fail("snapshot")
 		return err
 	}
-	peers = append(peers, r.remotePeers(nodes)...)
+	objects, remote := peers, r.remotePeers(nodes)
+	peers = append(slices.Clip(peers), remote...)
 	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
 	if err != nil {
@@ -233,7 +234,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
-	r.metrics.setPlan(plan, len(nodes), len(peers))
+	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
