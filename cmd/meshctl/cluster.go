@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -283,21 +282,4 @@ func (m *model) node(name string) (mesh.Node, bool) {
 		}
 	}
 	return mesh.Node{}, false
-}
-
-// clientsFor builds API clients from kubeconfig (empty: the in-cluster
-// config inside a pod, else $KUBECONFIG, then ~/.kube/config) and one of
-// its contexts (empty: the current context).
-func clientsFor(kubeconfig, context string) (*k8s.Clients, error) {
-	if context == "" {
-		return k8s.NewClients(kubeconfig)
-	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
-		&clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig context %q: %w", context, err)
-	}
-	return k8s.NewClientsForConfig(cfg)
 }

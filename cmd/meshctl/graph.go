@@ -7,15 +7,12 @@ import (
 	"io"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"meshd.io/meshd/pkg/k8s"
-	"meshd.io/meshd/pkg/mesh"
 )
 
 // lookPath is exec.LookPath (replaced in tests).
@@ -191,119 +188,6 @@ func (m *model) links() (ls []link, problems []string) {
 		}
 	}
 	return ls, problems
-}
-
-// renderStatus is the overview printed by meshctl status.
-func renderStatus(m *model) string {
-	t := m.Topo
-	var b strings.Builder
-	fmt.Fprintf(&b, "Cluster %s: granularity %s, mesh CIDRs %s, port %d\n",
-		m.Server, t.Options.Granularity, joinPrefixes(t.Options.MeshCIDRs, ", "), t.Options.Port)
-	table := func(title string, header string, rows [][]string) {
-		fmt.Fprintf(&b, "\n%s\n", title)
-		if len(rows) == 0 {
-			b.WriteString("(none)\n")
-			return
-		}
-		w := tabwriter.NewWriter(&b, 0, 8, 2, ' ', 0)
-		fmt.Fprintln(w, header)
-		for _, r := range rows {
-			fmt.Fprintln(w, strings.Join(r, "\t"))
-		}
-		w.Flush()
-	}
-	leaders := map[string]bool{}
-	for _, s := range t.Segments {
-		leaders[s.Leader] = true
-	}
-	var rows [][]string
-	for _, name := range m.nodeNames() {
-		n, _ := m.node(name)
-		loc := n.Location
-		if s := m.segmentOf(name); s >= 0 {
-			loc = t.Segments[s].Location
-		} else if loc == "" || t.Options.Granularity == mesh.GranularityFull {
-			loc = name
-		}
-		key := "no"
-		if n.PublicKey != (wgtypes.Key{}) {
-			key = "yes"
-		}
-		live := "-"
-		if m.Live != nil && m.Leases[name] {
-			live = yesNo(m.Live[name])
-		}
-		rows = append(rows, []string{name, loc, yesNo(leaders[name]), orDash(endpointString(n.Endpoint)), orDash(joinAddrs(t.MeshIPs[name])), key, live})
-	}
-	table("NODES", "NAME\tLOCATION\tLEADER\tENDPOINT\tMESH IPS\tKEY\tLIVE", rows)
-
-	rows = nil
-	for _, s := range t.Segments {
-		rows = append(rows, []string{s.Location, s.Leader, orDash(endpointString(s.Endpoint)), strings.Join(s.Nodes, ","), orDash(joinPrefixes(s.AllowedIPs, ","))})
-	}
-	table("LOCATIONS", "LOCATION\tLEADER\tENDPOINT\tNODES\tALLOWED IPS", rows)
-
-	rows = nil
-	usable := map[string]mesh.Peer{}
-	for _, p := range t.Peers {
-		usable[p.Name] = p
-	}
-	for _, name := range m.peerNames() {
-		p, ok := usable[name]
-		if !ok {
-			rows = append(rows, []string{name, "-", "-", "-", "no"})
-			continue
-		}
-		ka := "-"
-		if p.PersistentKeepalive > 0 {
-			ka = strconv.Itoa(seconds(p.PersistentKeepalive)) + "s"
-		}
-		ep := "-"
-		if !p.Endpoint.IsZero() {
-			ep = p.Endpoint.String()
-		}
-		rows = append(rows, []string{name, ep, orDash(joinPrefixes(p.AllowedIPs, ",")), ka, "yes"})
-	}
-	table("PEERS", "NAME\tENDPOINT\tALLOWED IPS\tKEEPALIVE\tUSABLE", rows)
-
-	if len(m.Linked) > 0 {
-		rows = nil
-		for _, lc := range m.Linked {
-			state := "ok"
-			if lc.Err != nil {
-				state = lc.Err.Error()
-			}
-			var leaders []string
-			for _, p := range lc.Peers {
-				leaders = append(leaders, p.Name)
-			}
-			rows = append(rows, []string{orDash(lc.Settings.Name), lc.Secret, orDash(lc.Server),
-				orDash(joinPrefixes(lc.Settings.ServiceCIDRs, ",")), orDash(strings.Join(leaders, ",")), tokenExpiry(lc.TokenExpires, m.Now), state})
-		}
-		table("LINKED CLUSTERS", "CLUSTER\tSECRET\tSERVER\tSERVICE CIDRS\tPEERS (REMOTE LEADERS)\tTOKEN EXPIRES\tSTATE", rows)
-	}
-
-	ls, problems := m.links()
-	for _, lc := range m.Linked {
-		problems = append(problems, lc.Problems...)
-	}
-	rows = nil
-	for _, l := range ls {
-		rows = append(rows, []string{l.From, l.To, l.Handshake})
-	}
-	table("WIREGUARD LINKS", "FROM\tTO\tLATEST HANDSHAKE", rows)
-
-	for _, k := range sortedKeys(m.Input.Problems) {
-		problems = append(problems, k+": "+joinErrors(m.Input.Problems[k]))
-	}
-	problems = append(problems, t.Warnings...)
-	if len(problems) > 0 {
-		b.WriteString("\nPROBLEMS\n")
-		for _, p := range problems {
-			fmt.Fprintf(&b, "- %s\n", p)
-		}
-	}
-	return b.String()
 }
 
 func yesNo(b bool) string {

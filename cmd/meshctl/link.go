@@ -32,7 +32,7 @@ type side struct {
 
 func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f := c.Flags()
-	f.StringVar(&s.kubeconfig, prefix+"kubeconfig", "", "kubeconfig of the "+which+" cluster (required unless --"+prefix+"context is given: then $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&s.kubeconfig, prefix+"kubeconfig", "", "kubeconfig of the "+which+" cluster (this or --"+prefix+"context is required; with --"+prefix+"context only: the global --kubeconfig)")
 	f.StringVar(&s.context, prefix+"context", "", "kubeconfig context of the "+which+" cluster (default: the kubeconfig's current context)")
 	f.StringVar(&s.name, prefix+"name", "", "name of the "+which+" cluster (DNS label; default: its kubeconfig context)")
 	f.StringVar(&s.server, prefix+"server", "", "API server URL of the "+which+" cluster as the other cluster's nodes reach it (default: the kubeconfig's)")
@@ -44,19 +44,19 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f.StringSliceVar(&s.allowed, prefix+"allowed-cidr", nil, "ranges the "+which+" cluster may claim besides its mesh and service CIDRs (e.g. its whole pod CIDR and node network; default: its nodes' pod CIDRs, addresses and allowed-location-ips as seen now)")
 }
 
-// settings validates the side's flags.
-func (s *side) settings(flag string) (k8s.LinkSettings, error) {
+// settings validates the side's flags. A side given by its context alone
+// uses the global --kubeconfig (kubeconfig; empty: $KUBECONFIG, then
+// ~/.kube/config).
+func (s *side) settings(flag, kubeconfig string) (k8s.LinkSettings, error) {
 	var errs []error
+	if s.kubeconfig == "" && s.context != "" {
+		s.kubeconfig = kubeconfig
+	}
 	if s.kubeconfig == "" && s.context == "" {
 		errs = append(errs, fmt.Errorf("--%skubeconfig or --%scontext is required", flag, flag))
 	}
-	if s.name == "" && s.context != "" {
-		s.name = dnsLabel(s.context)
-	}
-	if s.name == "" && s.kubeconfig != "" {
-		if raw, err := clientcmd.LoadFromFile(s.kubeconfig); err == nil {
-			s.name = dnsLabel(raw.CurrentContext)
-		}
+	if s.name == "" && (s.kubeconfig != "" || s.context != "") {
+		s.name = dnsLabel(contextName(s.kubeconfig, s.context))
 	}
 	ls := k8s.LinkSettings{Name: s.name, Granularity: mesh.Granularity(s.granularity), TopologyLabel: s.topology, Port: s.port}
 	if ls.Name == "" {
@@ -139,9 +139,9 @@ func overlaps(a, b k8s.LinkSettings) []string {
 }
 
 // settingsOf validates both sides' flags; they must name two clusters.
-func settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
-	fs, err1 := from.settings("from-")
-	ts, err2 := to.settings("to-")
+func (e *env) settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
+	fs, err1 := from.settings("from-", e.s.kubeconfig)
+	ts, err2 := to.settings("to-", e.s.kubeconfig)
 	if err := errors.Join(err1, err2); err != nil {
 		return fs, ts, usageError{err}
 	}
@@ -193,10 +193,12 @@ link Secret and the metric meshd_cluster_link_refused_ranges.
 A cluster whose kubeconfig has no CA data is refused unless
 --insecure-skip-tls-verify is given.`,
 		Example: `  meshctl link --from-kubeconfig k1.yaml --from-name east --from-service-cidr 10.96.0.0/12 --from-mesh-cidr 10.4.0.0/16 \
-               --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16`,
+               --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16
+  # two contexts of one kubeconfig (the cluster names default to the contexts)
+  meshctl --kubeconfig all.yaml link --from-context east --from-mesh-cidr 10.4.0.0/16 --to-context west --to-mesh-cidr 10.5.0.0/16`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fs, ts, err := settingsOf(&from, &to)
+			fs, ts, err := e.settingsOf(&from, &to)
 			if err != nil {
 				return err
 			}
@@ -330,7 +332,7 @@ func newUnlinkCommand(e *env) *cobra.Command {
 		Short: "Undo link: remove the link Secrets and revoke the reader tokens in both clusters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fs, ts, err := settingsOf(&from, &to)
+			fs, ts, err := e.settingsOf(&from, &to)
 			if err != nil {
 				return err
 			}

@@ -80,11 +80,13 @@ func TestStatusShowsLinkedClusters(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	if r.code != 0 {
+	// Problems (the fixture's, the overlap, the unreadable c3): exit 1.
+	if r.code != 1 || !strings.Contains(r.stderr, "status lists 4 problems") {
 		t.Fatalf("exit %d, stderr %s", r.code, r.stderr)
 	}
 	for _, want := range []string{
 		"LINKED CLUSTERS",
+		"- linked cluster c3 (Secret meshd-link-c3) not readable: cluster c3: listing its Nodes: ",
 		"c2       meshd-link-c2  https://c2.example:6443  10.112.0.0/12",
 		"cluster-c2-c2-a,cluster-c2-c2-b",
 		"c3       meshd-link-c3  https://c3.example:6443",
@@ -113,7 +115,7 @@ func TestStatusLinkSecretsForbidden(t *testing.T) {
 			return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), "", errors.New("no"))
 		})
 	})
-	if r.code != 0 || !strings.Contains(r.stderr, "linked clusters not shown: not allowed to list Secrets in namespace meshd-system") {
+	if r.code != 1 || !strings.Contains(r.stderr, "linked clusters not shown: not allowed to list Secrets in namespace meshd-system") {
 		t.Errorf("code %d stderr %q", r.code, r.stderr)
 	}
 	if strings.Contains(r.stdout, "LINKED CLUSTERS") || !strings.Contains(r.stdout, "WIREGUARD LINKS") {

@@ -28,7 +28,7 @@ import (
 var version = "dev"
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: clientsFor, now: time.Now}
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now}
 	os.Exit(e.execute(os.Args[1:]))
 }
 
@@ -58,16 +58,18 @@ func (e usageError) Unwrap() error { return e.error }
 // env is what every command shares: the global flags and the outputs.
 type env struct {
 	stdout, stderr io.Writer
-	// newClients builds API clients from a kubeconfig and a context of it
-	// ("": its current context).
-	newClients func(kubeconfig, context string) (*k8s.Clients, error)
+	// newClients builds clients for a kubeconfig and a context in it
+	// ("": the current one).
+	newClients func(kubeconfig, kubecontext string) (*k8s.Clients, error)
 	now        func() time.Time
 	// resolve resolves Peer endpoint names (nil: the system resolver).
 	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// remoteClients builds clients from a link Secret's kubeconfig (nil:
 	// remoteClientsFromKubeconfig).
 	remoteClients func(kubeconfig []byte) (*k8s.Clients, error)
-	s             settings
+	// pollInterval is how often status --wait reads again (0: 2s).
+	pollInterval time.Duration
+	s            settings
 }
 
 func newRootCommand(e *env) *cobra.Command {
@@ -275,37 +277,6 @@ a non-leader to its leader (underlay, no WireGuard).
 	c.Flags().StringVarP(&output, "output", "o", "dot", "output format: dot or svg")
 	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"dot", "svg"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
-}
-
-func newStatusCommand(e *env) *cobra.Command {
-	return &cobra.Command{
-		Use:   "status",
-		Short: "Show nodes, locations, leaders, peers and WireGuard links",
-		Long: `Shows the mesh as meshd computes it: every node (location, leader, endpoint,
-mesh IPs, whether it published a WireGuard key, whether its heartbeat Lease
-is fresh), every location with its leader, the outside Peers, and every
-WireGuard link with the age of its latest handshake in seconds as the
-leaders published it ("-" when unknown). Clusters linked with "meshctl link"
-are read through their link Secrets (in --lease-namespace) the way meshd
-reads them: their location leaders appear as this cluster's links. Problems
-found in the objects are listed last.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := e.load(cmd.Context())
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
-			defer cancel()
-			var notes []string
-			m.Linked, notes = e.linkedClusters(ctx, m)
-			for _, n := range notes {
-				fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
-			}
-			_, err = io.WriteString(e.stdout, renderStatus(m))
-			return err
-		},
-	}
 }
 
 // load reads the cluster and computes the model.

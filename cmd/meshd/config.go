@@ -34,6 +34,7 @@ type config struct {
 	ResyncPeriod   time.Duration
 	Listen         string
 	LogLevel       string
+	LogFormat      string
 	LocalRoutes    bool
 	LeaseNamespace string
 	LeaseDuration  time.Duration
@@ -73,6 +74,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "how often the full state is reconciled even without changes (repairs drift)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:9477", "address for /metrics, /healthz and /readyz (the manifests use the node's own address, status.hostIP; never every address of a host with a public one)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (logfmt) or json; client-go's klog lines are written the same way")
 	fs.BoolVar(&c.LocalRoutes, "local-routes", true, "route pod CIDRs of nodes in the same location via their internal IPs (no other CNI routes needed)")
 	fs.StringVar(&c.LeaseNamespace, "lease-namespace", "meshd-system", "namespace of the per-node liveness Leases")
 	fs.DurationVar(&c.LeaseDuration, "lease-duration", 40*time.Second, "a node whose Lease this node has not seen change for this long is not live (leader failover)")
@@ -112,6 +114,9 @@ func (c *config) scalarErrors() []error {
 		errs = append(errs, fmt.Errorf("--resync-period %s: must be positive", c.ResyncPeriod))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkLogFormat(c.LogFormat); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.IPTablesMode {
@@ -222,6 +227,14 @@ func (c *config) mtu() (int, error) {
 		return 0, fmt.Errorf("--mtu %q: want auto or a number from 1280 to 65535", c.MTU)
 	}
 	return n, nil
+}
+
+// checkLogFormat checks --log-format.
+func checkLogFormat(s string) error {
+	if s != "text" && s != "json" {
+		return fmt.Errorf("--log-format %q: want text or json", s)
+	}
+	return nil
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -69,7 +69,7 @@ func daemonCommand() subcommand {
 	fs := newFlagSet(&c)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	return subcommand{
-		name: "meshd", flags: fs, logLevel: &c.LogLevel, failed: "meshd stopped",
+		name: "meshd", flags: fs, logLevel: &c.LogLevel, logFormat: &c.LogFormat, failed: "meshd stopped",
 		validate: func() (err error) {
 			opts, err = c.options()
 			return err
@@ -97,10 +97,10 @@ func daemonCommand() subcommand {
 func deviceCommand() subcommand {
 	var dc deviceConfig
 	return subcommand{
-		name: "meshd device", flags: newDeviceFlagSet(&dc), logLevel: &dc.LogLevel, failed: "device stopped",
+		name: "meshd device", flags: newDeviceFlagSet(&dc), logLevel: &dc.LogLevel, logFormat: &dc.LogFormat, failed: "device stopped",
 		validate: func() error {
 			_, err := parseLevel(dc.LogLevel)
-			return err
+			return errors.Join(err, checkLogFormat(dc.LogFormat))
 		},
 		run: func(ctx context.Context, log *slog.Logger) error {
 			if err := wg.RunDevice(ctx, log, dc.Interface, dc.MTU); err != nil {
@@ -116,6 +116,7 @@ type deviceConfig struct {
 	Interface string
 	MTU       int
 	LogLevel  string
+	LogFormat string
 }
 
 func newDeviceFlagSet(c *deviceConfig) *pflag.FlagSet {
@@ -124,6 +125,7 @@ func newDeviceFlagSet(c *deviceConfig) *pflag.FlagSet {
 	fs.StringVar(&c.Interface, "interface", mesh.DefaultInterface, "name of the WireGuard interface to create")
 	fs.IntVar(&c.MTU, "mtu", 1420, "MTU of the interface (meshd adjusts it later)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (logfmt) or json; client-go's klog lines are written the same way")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: meshd device --interface NAME\n\nRuns a userspace WireGuard device with its UAPI socket in /var/run/wireguard until SIGTERM.\nmeshd --wireguard auto adopts it, so meshd restarts do not touch traffic.\n\n")
 		fs.PrintDefaults()
@@ -136,10 +138,10 @@ func newDeviceFlagSet(c *deviceConfig) *pflag.FlagSet {
 func cleanupCommand() subcommand {
 	var c config
 	return subcommand{
-		name: "meshd cleanup", flags: newFlagSet(&c), logLevel: &c.LogLevel, failed: "cleanup incomplete",
+		name: "meshd cleanup", flags: newFlagSet(&c), logLevel: &c.LogLevel, logFormat: &c.LogFormat, failed: "cleanup incomplete",
 		validate: func() error {
 			_, err := parseLevel(c.LogLevel)
-			return err
+			return errors.Join(err, checkLogFormat(c.LogFormat))
 		},
 		run: func(_ context.Context, log *slog.Logger) error {
 			if err := cleanup(&c, log); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"net/http"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +28,9 @@ type metrics struct {
 	duration   prometheus.Histogram
 	nodes      prometheus.Gauge
 	peers      prometheus.Gauge
-	leader     prometheus.Gauge
+	wgPeers    *prometheus.GaugeVec
+	leader     *prometheus.GaugeVec
+	buildInfo  *prometheus.GaugeVec
 	panics     prometheus.Counter
 	staleLinks prometheus.Gauge
 	// filtered counts Node updates dropped before the queue (nothing the
@@ -56,9 +60,15 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 			Name: "meshd_reconcile_duration_seconds", Help: "Duration of one reconcile (snapshot, plan, apply, publish).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
-		nodes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_nodes", Help: "Nodes known to the mesh."}),
-		peers:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_peers", Help: "Peer objects in the mesh."}),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_leader", Help: "1 if this node leads its location (carries WireGuard traffic), else 0."}),
+		nodes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_nodes", Help: "Nodes known to the mesh."}),
+		peers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshd_peer_objects", Help: "Peer objects in the mesh (usable ones; linked clusters' leaders are not Peer objects)."}),
+		wgPeers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_wireguard_peers", Help: "WireGuard peers of this node in the applied plan, by kind (node: a node of the mesh; location: another location's leader; peer: a Peer object; cluster: a linked cluster's leader).",
+		}, []string{"kind"}),
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshd_leader", Help: "1 if this node leads its location (carries WireGuard traffic), else 0; location is the node's location."}, []string{"location"}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_build_info", Help: "Always 1; the labels tell meshd's version and the Go version it was built with.",
+		}, []string{"version", "goversion"}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshd_reconcile_panics_total", Help: "Reconciles that panicked (recovered; the node keeps its last applied state).",
 		}),
@@ -84,7 +94,11 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 	for _, ph := range []string{"snapshot", "plan", "wireguard", "routes", "iptables", "publish"} {
 		m.errors.WithLabelValues(ph)
 	}
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.leader, m.panics, m.staleLinks, m.filtered, m.apiRequests, m.refused, m.tokenExpiry,
+	for _, k := range wireGuardPeerKinds {
+		m.wgPeers.WithLabelValues(k)
+	}
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.wgPeers, m.leader, m.buildInfo, m.panics, m.staleLinks, m.filtered, m.apiRequests, m.refused, m.tokenExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})
@@ -160,13 +174,24 @@ func (m *metrics) observe(d time.Duration, err error) {
 	}
 }
 
-func (m *metrics) setPlan(p *mesh.Plan, nodes, peers int) {
+// wireGuardPeerKinds are the values of meshd_wireguard_peers' kind label.
+var wireGuardPeerKinds = []string{"node", "location", "peer", "cluster"}
+
+// setPlan sets the gauges from the applied plan: nodes is the number of
+// nodes, objects the Peers from Peer objects and remote the linked
+// clusters' leaders the plan was built from.
+func (m *metrics) setPlan(p *mesh.Plan, g mesh.Granularity, nodes int, objects, remote []mesh.Peer) {
 	m.nodes.Set(float64(nodes))
-	m.peers.Set(float64(peers))
+	m.peers.Set(float64(len(objects)))
+	leader := 0.0
 	if p.Leader {
-		m.leader.Set(1)
-	} else {
-		m.leader.Set(0)
+		leader = 1
+	}
+	m.leader.Reset()
+	m.leader.WithLabelValues(p.Location).Set(leader)
+	counts := wireGuardPeerCounts(p, g, objects, remote)
+	for _, k := range wireGuardPeerKinds {
+		m.wgPeers.WithLabelValues(k).Set(float64(counts[k]))
 	}
 	names := make(map[wgtypes.Key]string, len(p.WireGuard.Peers))
 	for _, pp := range p.WireGuard.Peers {
@@ -175,6 +200,34 @@ func (m *metrics) setPlan(p *mesh.Plan, nodes, peers int) {
 	m.mu.Lock()
 	m.names = names
 	m.mu.Unlock()
+}
+
+// wireGuardPeerCounts counts the plan's WireGuard peers by kind: a linked
+// cluster's leader (a key of remote), a Peer object (a key of objects), or a
+// node: with granularity full every node is its own location, so a node;
+// else another location's leader (location), or a standby node of this
+// location (named LOCATION/standby, a node).
+func wireGuardPeerCounts(p *mesh.Plan, g mesh.Granularity, objects, remote []mesh.Peer) map[string]int {
+	kind := make(map[wgtypes.Key]string, len(objects)+len(remote))
+	for _, o := range objects {
+		kind[o.PublicKey] = "peer"
+	}
+	for _, r := range remote {
+		kind[r.PublicKey] = "cluster"
+	}
+	counts := map[string]int{}
+	for _, wp := range p.WireGuard.Peers {
+		k, ok := kind[wp.PublicKey]
+		switch {
+		case ok:
+		case g == mesh.GranularityFull, strings.HasSuffix(wp.Name, "/standby"):
+			k = "node"
+		default:
+			k = "location"
+		}
+		counts[k]++
+	}
+	return counts
 }
 
 type statsReader interface {
@@ -188,7 +241,7 @@ type peerCollector struct {
 }
 
 var (
-	descHandshake = prometheus.NewDesc("meshd_wireguard_peer_last_handshake_seconds",
+	descHandshake = prometheus.NewDesc("meshd_wireguard_peer_last_handshake_timestamp_seconds",
 		"Unix time of the latest handshake with the peer (0 = never).", []string{"peer", "public_key"}, nil)
 	descRx = prometheus.NewDesc("meshd_wireguard_peer_receive_bytes_total",
 		"Bytes received from the peer.", []string{"peer", "public_key"}, nil)

@@ -36,6 +36,7 @@ type mirrorConfig struct {
 	GracePeriod      time.Duration
 	Listen           string
 	LogLevel         string
+	LogFormat        string
 	LeaderElect      bool
 	LeaseName        string
 	Workers          int
@@ -65,6 +66,7 @@ func newMirrorFlagSet(c *mirrorConfig) *pflag.FlagSet {
 	fs.DurationVar(&c.GracePeriod, "grace-period", 60*time.Second, "how long a remote cluster may be unreachable before its mirrors' endpoints are marked not ready")
 	fs.StringVar(&c.Listen, "listen", ":9478", "address for /metrics and /healthz")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (logfmt) or json; client-go's klog lines are written the same way")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "run only while holding the leader Lease in --namespace, so replicas never fight")
 	fs.StringVar(&c.LeaseName, "lease-name", "", "name of the leader Lease (default meshd-mirror; with --remote-kubeconfig meshd-mirror-<remote name>)")
 	fs.IntVar(&c.Workers, "workers", 2, "parallel reconciles")
@@ -79,6 +81,9 @@ func newMirrorFlagSet(c *mirrorConfig) *pflag.FlagSet {
 func (c *mirrorConfig) validate() error {
 	var errs []error
 	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkLogFormat(c.LogFormat); err != nil {
 		errs = append(errs, err)
 	}
 	if c.RemoteName != "" && c.RemoteKubeconfig == "" {
@@ -131,7 +136,7 @@ func kubeconfigClusterName(path string) (string, error) {
 func mirrorCommand() subcommand {
 	var mc mirrorConfig
 	return subcommand{
-		name: "meshd mirror", flags: newMirrorFlagSet(&mc), logLevel: &mc.LogLevel, failed: "mirror stopped",
+		name: "meshd mirror", flags: newMirrorFlagSet(&mc), logLevel: &mc.LogLevel, logFormat: &mc.LogFormat, failed: "mirror stopped",
 		validate: mc.validate,
 		run: func(ctx context.Context, log *slog.Logger) error {
 			log = log.With("component", "mirror")

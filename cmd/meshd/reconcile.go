@@ -93,6 +93,9 @@ type reconciler struct {
 	// reported remembers the last annotation problems reported per object, so
 	// a bad annotation yields one Event, not one per resync.
 	reported map[string]string
+	// planWarnings are the warnings of the last plan, so each is logged and
+	// raised as an Event once, not on every reconcile.
+	planWarnings map[string]bool
 	// secrets reads Peer preshared keys from the Secret informer's cache
 	// (k8s.PresharedKeys: a vanished Secret keeps the last known key); dns
 	// answers Peer endpoint names from the background resolver's cache.
@@ -193,7 +196,8 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.fail("snapshot")
 		return err
 	}
-	peers = append(peers, r.remotePeers(nodes)...)
+	objects, remote := peers, r.remotePeers(nodes)
+	peers = append(slices.Clip(peers), remote...)
 	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
 	if r.freeze != nil {
 		// The API server unreachable from here: keep the last live set
@@ -208,9 +212,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	if r.prober != nil {
 		r.prober.SetTargets(probeTargets(nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
 	}
-	for _, w := range plan.Warnings {
-		r.log.Warn("plan", "warning", w)
-	}
+	r.reportWarnings(self, plan.Warnings)
 
 	// Apply: every part is attempted even if another fails.
 	errs := r.execute(plan)
@@ -223,7 +225,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
-	r.metrics.setPlan(plan, len(nodes), len(peers))
+	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
@@ -420,6 +422,32 @@ func (r *reconciler) report(obj runtimeObject, id, reason string, problems []err
 	if r.events != nil {
 		r.events.Event(obj, corev1.EventTypeWarning, reason, strings.ReplaceAll(text, "\n", "; "))
 	}
+}
+
+// reportWarnings logs the plan's warnings that the previous plan did not
+// have and raises each as a Warning Event on the node (reason PlanWarning);
+// warnings gone are logged once as resolved. An unchanged set says nothing.
+func (r *reconciler) reportWarnings(self *corev1.Node, warnings []string) {
+	cur := make(map[string]bool, len(warnings))
+	for _, w := range warnings {
+		if cur[w] {
+			continue
+		}
+		cur[w] = true
+		if r.planWarnings[w] {
+			continue
+		}
+		r.log.Warn("plan", "warning", w)
+		if r.events != nil {
+			r.events.Event(self, corev1.EventTypeWarning, "PlanWarning", w)
+		}
+	}
+	for w := range r.planWarnings {
+		if !cur[w] {
+			r.log.Info("plan warning resolved", "warning", w)
+		}
+	}
+	r.planWarnings = cur
 }
 
 func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {

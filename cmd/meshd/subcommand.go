@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 )
 
 // subcommand is the scaffolding every meshd subcommand shares, written
@@ -21,6 +22,8 @@ type subcommand struct {
 	name     string         // as the user types it: "meshd", "meshd mirror"
 	flags    *pflag.FlagSet // its flags, bound to the subcommand's config
 	logLevel *string        // the --log-level flag's value
+	// logFormat is the --log-format flag's value: text or json.
+	logFormat *string
 	// validate checks the parsed flags (nil: nothing to check).
 	validate func() error
 	// run is the subcommand; ctx ends on SIGINT or SIGTERM. Returning
@@ -49,7 +52,7 @@ func (s subcommand) main(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
-	log := newLogger(stderr, *s.logLevel)
+	log := newLogger(stderr, *s.logLevel, *s.logFormat)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := s.run(ctx, log); err != nil && !errors.Is(err, context.Canceled) {
@@ -59,7 +62,18 @@ func (s subcommand) main(args []string, stderr io.Writer) int {
 	return 0
 }
 
-func newLogger(w io.Writer, level string) *slog.Logger {
+// newLogger builds the logger of level and format (text or json, checked
+// before) and makes it klog's too, so client-go's lines (reflector errors,
+// throttling, leader election) come out in the same format and level
+// filter instead of klog's own on stderr.
+func newLogger(w io.Writer, level, format string) *slog.Logger {
 	l, _ := parseLevel(level)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	opts := &slog.HandlerOptions{Level: l}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if format == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	log := slog.New(h)
+	klog.SetSlogLogger(log)
+	return log
 }

@@ -51,7 +51,7 @@ const (
 	// times per peer, rounded to the minute): a Node write per node every
 	// few minutes, delivered to every other node. meshd no longer publishes
 	// it and removes it from its Node; handshake times are local data (the
-	// meshd_wireguard_peer_last_handshake_seconds metric, wg show).
+	// meshd_wireguard_peer_last_handshake_timestamp_seconds metric, wg show).
 	AnnotationHandshakes = AnnotationPrefix + "handshakes"
 
 	// FieldManager is the field manager of meshd's writes.
