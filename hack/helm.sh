@@ -48,5 +48,12 @@ cd "$ROOT"
 "$HELM" lint charts/meshd >&2 \
 	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,namespace.create=true,clusterLinks.enabled=true \
 	--set 'serviceCIDRs={10.96.0.0/12}' --set 'meshCIDRs={10.4.0.0/16,fd6d:6573:6864::/64}'
+# values.schema.json refuses unknown keys and values outside the code's enums.
+for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000; do
+	if "$HELM" template meshd charts/meshd --kube-version "${KUBE_VERSION:-v1.36.3}" --set "$bad" >/dev/null 2>&1; then
+		echo "hack/helm.sh: values.schema.json accepts --set $bad" >&2
+		exit 1
+	fi
+done
 # The chart has a kubeVersion; render for the testbed's Kubernetes.
 "$HELM" template meshd charts/meshd --namespace meshd-system --kube-version "${KUBE_VERSION:-v1.36.3}" "$@"
