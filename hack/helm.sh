@@ -47,6 +47,7 @@ cd "$ROOT"
 "$HELM" lint charts/meshd >&2
 "$HELM" lint charts/meshd >&2 \
 	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,namespace.create=true,clusterLinks.enabled=true \
+	--set metrics.prometheusRule.enabled=true \
 	--set 'serviceCIDRs={10.96.0.0/12}' --set 'meshCIDRs={10.4.0.0/16,fd6d:6573:6864::/64}'
 # values.schema.json refuses unknown keys and values outside the code's enums.
 for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000; do
