@@ -47,6 +47,20 @@ cd "$ROOT"
 "$HELM" lint charts/meshd >&2
 "$HELM" lint charts/meshd >&2 \
 	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,namespace.create=true,clusterLinks.enabled=true \
+	--set metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,updateStrategy.maxUnavailable=10% \
 	--set 'serviceCIDRs={10.96.0.0/12}' --set 'meshCIDRs={10.4.0.0/16,fd6d:6573:6864::/64}'
+# The chart cannot read files outside its directory: its dashboard is a copy.
+if ! cmp -s docs/grafana-dashboard.json charts/meshd/dashboards/meshd.json; then
+	echo "hack/helm.sh: charts/meshd/dashboards/meshd.json differs from docs/grafana-dashboard.json;" >&2
+	echo "  cp docs/grafana-dashboard.json charts/meshd/dashboards/meshd.json" >&2
+	exit 1
+fi
+# values.schema.json refuses unknown keys and values outside the code's enums.
+for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000; do
+	if "$HELM" template meshd charts/meshd --kube-version "${KUBE_VERSION:-v1.36.3}" --set "$bad" >/dev/null 2>&1; then
+		echo "hack/helm.sh: values.schema.json accepts --set $bad" >&2
+		exit 1
+	fi
+done
 # The chart has a kubeVersion; render for the testbed's Kubernetes.
 "$HELM" template meshd charts/meshd --namespace meshd-system --kube-version "${KUBE_VERSION:-v1.36.3}" "$@"
