@@ -47,8 +47,9 @@ root:
 ## e2e: real kube-apiserver + etcd, namespace nodes, real traffic. meshd, meshctl and
 ## e2etool are built with -race, except for the timing scenarios (E2E_TIMING): the race
 ## detector slows meshd's restart to ready 3-8x (TestRestart lost 18-26 pings in 3 race
-## runs against 2-4 without), so those run in a second pass with E2E_RACE=0.
-E2E_TIMING := ^(TestRestart|TestScaleColdStart|TestScaleBurst|TestScaleRestart)$$
+## runs against 2-4 without; the outage tests count the loss across a restart too), so
+## those run in a second pass with E2E_RACE=0.
+E2E_TIMING := ^(TestRestart|TestScaleColdStart|TestScaleBurst|TestScaleRestart|TestOutageAPIServerHung|TestOutageLinkedClusterRestart)$$
 E2E_RUN     = $(GO) test -tags e2e -count=1 -timeout 40m -v -skip '$(E2E_TIMING)' ./e2e/... && \
 	E2E_RACE=0 $(GO) test -tags e2e -count=1 -timeout 40m -v -run '$(E2E_TIMING)' ./e2e/...
 e2e: deps kube-binaries

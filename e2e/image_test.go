@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -258,12 +259,18 @@ func (p podmanEnv) run(t *testing.T, n *testbed.Node, ds *appsv1.DaemonSet, c *c
 		args = append(args, "--read-only")
 	}
 
+	env := map[string]string{} // for $(VAR) in the args, as the kubelet expands them
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom == nil:
 			args = append(args, "--env", e.Name+"="+e.Value)
+			env[e.Name] = e.Value
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
 			args = append(args, "--env", e.Name+"="+n.Name)
+			env[e.Name] = n.Name
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP":
+			args = append(args, "--env", e.Name+"="+n.IP.String())
+			env[e.Name] = n.IP.String()
 		default:
 			t.Fatalf("env %s of the meshd container: this test does not know its source %+v", e.Name, e.ValueFrom)
 		}
@@ -349,7 +356,12 @@ func (p podmanEnv) run(t *testing.T, n *testbed.Node, ds *appsv1.DaemonSet, c *c
 
 	args = append(args, ref)
 	args = append(args, c.Command...) // none: the image's ENTRYPOINT is meshd
-	args = append(args, c.Args...)
+	for _, a := range c.Args {
+		for k, v := range env {
+			a = strings.ReplaceAll(a, "$("+k+")", v)
+		}
+		args = append(args, a)
+	}
 	args = append(args, extra...)
 	t.Logf("image node %s: podman %s", n.Name, strings.Join(args, " "))
 
@@ -390,7 +402,12 @@ func (a *imageAgent) waitReady(t *testing.T, ctx context.Context, c *corev1.Cont
 	if rp == nil || rp.HTTPGet == nil {
 		t.Fatal("the meshd container has no HTTP readiness probe")
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%s%s", rp.HTTPGet.Port.String(), rp.HTTPGet.Path)
+	// The kubelet probes a host-network Pod at its pod IP: the node's.
+	host := rp.HTTPGet.Host
+	if host == "" {
+		host = a.n.IP.String()
+	}
+	url := fmt.Sprintf("http://%s%s", net.JoinHostPort(host, rp.HTTPGet.Port.String()), rp.HTTPGet.Path)
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {

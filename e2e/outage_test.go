@@ -155,8 +155,8 @@ func TestOutageAPIServerHung(t *testing.T) {
 
 	// The Peer with a preshared key from a Secret.
 	psk := randomKey()
-	if _, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "laptop-psk", Namespace: testbed.LeaseNamespace},
+	if _, err := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "laptop-psk", Namespace: testbed.PeerSecretNamespace},
 		Data:       map[string][]byte{"psk": []byte(psk)},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestOutageAPIServerHung(t *testing.T) {
 		"allowedIPs":            []any{laptopIP + "/32"},
 		"endpoint":              map[string]any{"host": laptop.IP.String(), "port": int64(laptopPort)},
 		"persistentKeepalive":   int64(10),
-		"presharedKeySecretRef": map[string]any{"name": "laptop-psk", "namespace": testbed.LeaseNamespace, "key": "psk"},
+		"presharedKeySecretRef": map[string]any{"name": "laptop-psk", "namespace": testbed.PeerSecretNamespace, "key": "psk"},
 	}), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating Peer: %v", err)
 	}
@@ -215,13 +215,13 @@ func TestOutageAPIServerHung(t *testing.T) {
 	// Rotate the preshared key: applied through the Secret watch within
 	// seconds (the peer is updated in place, see pkg/wg).
 	psk2 := randomKey()
-	sec, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, "laptop-psk", metav1.GetOptions{})
+	sec, err := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Get(ctx, "laptop-psk", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sec.Data["psk"] = []byte(psk2)
 	rotated := time.Now()
-	if _, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+	if _, err := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.eventually(10*time.Second, 50*time.Millisecond, "the rotated preshared key on a1", func() error {

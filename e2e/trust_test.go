@@ -327,19 +327,19 @@ func TestNodeCredentials(t *testing.T) {
 	pairs([]*testbed.Node{n1, n2}, func(x, y *testbed.Node) { s.pingOK(pod(x), pod(y).IP, 3) })
 
 	// A Peer's preshared key still reaches meshd (Secret get in
-	// meshd-system is all the base RBAC grants), and no key leaks.
+	// meshd-peers is where the base RBAC lets nodes read Secrets), and no key leaks.
 	psk, laptop := randomKey(), randomKey()
-	if _, err := tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Create(ctx, &corev1.Secret{
+	if _, err := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "trust-psk"}, Data: map[string][]byte{"psk": []byte(psk)},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = tb.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Delete(context.Background(), "trust-psk", metav1.DeleteOptions{})
+		_ = tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Delete(context.Background(), "trust-psk", metav1.DeleteOptions{})
 	})
 	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("trust-laptop", map[string]any{
 		"publicKey": laptop, "allowedIPs": []any{"10.5.0.1/32"},
-		"presharedKeySecretRef": map[string]any{"namespace": testbed.LeaseNamespace, "name": "trust-psk", "key": "psk"},
+		"presharedKeySecretRef": map[string]any{"namespace": testbed.PeerSecretNamespace, "name": "trust-psk", "key": "psk"},
 	}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,9 @@ type config struct {
 	LogFormat      string
 	LocalRoutes    bool
 	LeaseNamespace string
+	// PeerSecretNamespace is the one namespace meshd reads Peer preshared-key
+	// Secrets from (a Secret informer: nodes may list and watch it).
+	PeerSecretNamespace string
 	LeaseDuration  time.Duration
 	CleanupOnExit  bool
 	IPTablesMode   string
@@ -77,6 +80,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (logfmt) or json; client-go's klog lines are written the same way")
 	fs.BoolVar(&c.LocalRoutes, "local-routes", true, "route pod CIDRs of nodes in the same location via their internal IPs (no other CNI routes needed)")
 	fs.StringVar(&c.LeaseNamespace, "lease-namespace", "meshd-system", "namespace of the per-node liveness Leases")
+	fs.StringVar(&c.PeerSecretNamespace, "peer-secret-namespace", "meshd-peers", "the only namespace Peer preshared-key Secrets are read from (spec.presharedKeySecretRef elsewhere is reported, not used)")
 	fs.DurationVar(&c.LeaseDuration, "lease-duration", 40*time.Second, "a node whose Lease this node has not seen change for this long is not live (leader failover)")
 	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", false, "remove the interface, routes, rules and iptables chains on exit (default: leave them so traffic keeps flowing across restarts)")
 	fs.StringVar(&c.IPTablesMode, "iptables-backend", "", "iptables binaries to use: empty (the system default), nft or legacy")
@@ -184,6 +188,9 @@ func (c *config) validate(o mesh.Options) []error {
 	}
 	if c.ResyncPeriod > 0 && (c.ResyncPeriod < minResyncPeriod || c.ResyncPeriod > maxResyncPeriod) {
 		errs = append(errs, fmt.Errorf("--resync-period %s: want %s to %s", c.ResyncPeriod, minResyncPeriod, maxResyncPeriod))
+	}
+	if e := validation.IsDNS1123Label(c.PeerSecretNamespace); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("--peer-secret-namespace %q: not a namespace name: %s", c.PeerSecretNamespace, strings.Join(e, "; ")))
 	}
 	if e := validation.IsDNS1123Label(c.LeaseNamespace); len(e) > 0 {
 		errs = append(errs, fmt.Errorf("--lease-namespace %q: not a namespace name: %s", c.LeaseNamespace, strings.Join(e, "; ")))

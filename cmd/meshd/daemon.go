@@ -161,7 +161,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	r.peerLister = d.peers.GetStore()
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
-	secretNS := c.LeaseNamespace
+	secretNS := c.PeerSecretNamespace
 	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
 	r.secrets = k8s.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
 	d.dns = k8s.NewResolver(k8s.ResolverOptions{OnChange: d.enqueue, Logger: log})

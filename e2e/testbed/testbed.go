@@ -70,6 +70,9 @@ var (
 	MeshCIDR       = "10.4.0.0/16"
 	MeshCIDR6      = "fd4d::/64"
 	LeaseNamespace = "meshd-system"
+	// PeerSecretNamespace holds Peer preshared-key Secrets (meshd
+	// --peer-secret-namespace, manifests/namespace.yaml).
+	PeerSecretNamespace = "meshd-peers"
 )
 
 // Testbed is a running control plane (etcd + kube-apiserver in their own
