@@ -40,10 +40,10 @@ type config struct {
 	// PeerSecretNamespace is the one namespace meshd reads Peer preshared-key
 	// Secrets from (a Secret informer: nodes may list and watch it).
 	PeerSecretNamespace string
-	LeaseDuration  time.Duration
-	CleanupOnExit  bool
-	IPTablesMode   string
-	ClusterLinks   bool
+	LeaseDuration       time.Duration
+	CleanupOnExit       bool
+	IPTablesMode        string
+	ClusterLinks        bool
 	// Leader failover (see failover.go).
 	ProbePort     int
 	TakeoverDelay time.Duration
