@@ -28,6 +28,7 @@ import (
 
 	"meshd.io/meshd/e2e/testbed"
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -565,9 +566,9 @@ func TestMultiClusterLink(t *testing.T) {
 
 // clients builds meshd's API clients for a cluster from the test process
 // (its rest.Config dials inside the control-plane namespace).
-func (s *scenario) clients(cfg *rest.Config) *k8s.Clients {
+func (s *scenario) clients(cfg *rest.Config) *connect.Clients {
 	s.t.Helper()
-	c, err := k8s.NewClientsForConfig(cfg)
+	c, err := connect.NewClientsForConfig(cfg)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/e2e/testbed"
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // outageSeconds is how long the API server stays hung: E2E_OUTAGE_SECONDS,
@@ -143,7 +143,7 @@ func TestOutageAPIServerHung(t *testing.T) {
 	s.location("a", false)
 	s.location("b", false)
 	s.location("c", false)
-	a1 := s.node(testbed.NodeOptions{Name: "a1", Location: "a", Annotations: map[string]string{k8s.AnnotationLeader: "true"}})
+	a1 := s.node(testbed.NodeOptions{Name: "a1", Location: "a", Annotations: map[string]string{convert.AnnotationLeader: "true"}})
 	a2 := s.node(testbed.NodeOptions{Name: "a2", Location: "a"})
 	b1 := s.node(testbed.NodeOptions{Name: "b1", Location: "b"})
 	c1 := s.node(testbed.NodeOptions{Name: "c1", Location: "c"})

@@ -6,7 +6,7 @@
 #
 #   make fuzz                                  # 5s per target (CI)
 #   FUZZTIME=5m make fuzz                      # longer
-#   FUZZ=NodeFromObject hack/fuzz.sh ./pkg/k8s # targets matching a regexp
+#   FUZZ=NodeFromObject hack/fuzz.sh ./pkg/k8s/convert # targets matching a regexp
 #
 # FUZZPARALLEL sets the fuzzing workers per target (default 1: the machine
 # is shared). A crash stops the script with go test's report; the failing

@@ -14,8 +14,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -70,7 +72,7 @@ type snapshot struct {
 }
 
 // fetch reads Nodes, Peers and heartbeat Leases.
-func fetch(ctx context.Context, c *k8s.Clients, leaseNamespace string) (*snapshot, error) {
+func fetch(ctx context.Context, c *connect.Clients, leaseNamespace string) (*snapshot, error) {
 	s := &snapshot{Server: "the API server"}
 	if c.Config != nil && c.Config.Host != "" {
 		s.Server = c.Config.Host
@@ -134,7 +136,7 @@ type model struct {
 	// Objs and PeerObjs are the objects by name.
 	Objs     map[string]*corev1.Node
 	PeerObjs map[string]*v1alpha1.Peer
-	Input    k8s.MeshInput
+	Input    convert.MeshInput
 	// Live is what Local.Live gets (nil: every node live); Leases tells
 	// whether a node has a heartbeat Lease at all.
 	Live   map[string]bool
@@ -167,18 +169,18 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 	for _, p := range s.Peers {
 		m.PeerObjs[p.Name] = p
 	}
-	m.Input = k8s.NewMeshInput(ctx, s.Nodes, s.Peers, k8s.MeshInputOptions{
-		Parse: k8s.ParseOptions{TopologyLabel: set.topologyLabel, Port: set.port},
+	m.Input = convert.NewMeshInput(ctx, s.Nodes, s.Peers, convert.MeshInputOptions{
+		Parse: convert.ParseOptions{TopologyLabel: set.topologyLabel, Port: set.port},
 		// meshctl does not read Secrets: see pskPlaceholder.
 		Secret:  func(_, _, _ string) ([]byte, error) { return pskPlaceholder, nil },
 		Resolve: resolve,
 	})
 	m.Notes = outsideMeshCIDR(m.Input.Nodes, opts.MeshCIDRs)
 	if s.Leases != nil {
-		m.Live, m.Leases = liveness(s.Leases, set.leaseDuration, now)
+		m.Live, m.Leases = leaseLiveness(s.Leases, set.leaseDuration, now)
 		// The data-plane votes the nodes publish on their Leases, judged
 		// as every meshd judges them (docs/failover.md).
-		m.Live = k8s.Judge(m.Live, leaseReports(s.Leases), k8s.LocationKeys(m.Input.Nodes, opts.Granularity))
+		m.Live = liveness.Judge(m.Live, leaseReports(s.Leases), convert.LocationKeys(m.Input.Nodes, opts.Granularity))
 	}
 	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live}, opts)
 	if err != nil {
@@ -207,14 +209,14 @@ func outsideMeshCIDR(nodes []mesh.Node, cidrs []netip.Prefix) []string {
 	return notes
 }
 
-// liveness judges nodes from their heartbeat Leases: live when renewed
+// leaseLiveness judges nodes from their heartbeat Leases: live when renewed
 // within timeout of now. The daemons instead time when they see a Lease
 // change (immune to clock skew); meshctl sees one snapshot, so it compares
 // the renew time with its own clock.
-func liveness(leases []*coordinationv1.Lease, timeout time.Duration, now time.Time) (live, has map[string]bool) {
+func leaseLiveness(leases []*coordinationv1.Lease, timeout time.Duration, now time.Time) (live, has map[string]bool) {
 	live, has = map[string]bool{}, map[string]bool{}
 	for _, l := range leases {
-		node, ok := k8s.NodeNameFromLease(l)
+		node, ok := liveness.NodeNameFromLease(l)
 		if !ok {
 			continue
 		}
@@ -227,11 +229,11 @@ func liveness(leases []*coordinationv1.Lease, timeout time.Duration, now time.Ti
 }
 
 // leaseReports are the probe reports published on the heartbeat Leases.
-func leaseReports(leases []*coordinationv1.Lease) map[string]k8s.Report {
-	out := make(map[string]k8s.Report, len(leases))
+func leaseReports(leases []*coordinationv1.Lease) map[string]liveness.Report {
+	out := make(map[string]liveness.Report, len(leases))
 	for _, l := range leases {
-		if node, ok := k8s.NodeNameFromLease(l); ok {
-			out[node] = k8s.ReportFromLease(l)
+		if node, ok := liveness.NodeNameFromLease(l); ok {
+			out[node] = liveness.ReportFromLease(l)
 		}
 	}
 	return out

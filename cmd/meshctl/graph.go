@@ -12,7 +12,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // lookPath is exec.LookPath (replaced in tests).
@@ -142,7 +142,7 @@ func renderGraph(m *model) string {
 // within DiscoveredFresh, kept published for DiscoveredLinger after the last
 // one (see k8s.DiscoveredEndpoints). Exact handshake times are local to
 // each node (metrics, wg show): meshd does not write them to the API.
-var recentHandshake = fmt.Sprintf("<%dm", int((k8s.DiscoveredFresh + k8s.DiscoveredLinger).Minutes()))
+var recentHandshake = fmt.Sprintf("<%dm", int((convert.DiscoveredFresh + convert.DiscoveredLinger).Minutes()))
 
 // link is one WireGuard link as one leader configures it.
 type link struct {

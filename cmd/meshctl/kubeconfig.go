@@ -5,22 +5,22 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
 )
 
 // newClients builds the clients for a kubeconfig (empty: in a pod the
 // in-cluster configuration, else $KUBECONFIG, then ~/.kube/config) and a
 // context in it (empty: its current context).
-func newClients(kubeconfig, kubecontext string) (*k8s.Clients, error) {
+func newClients(kubeconfig, kubecontext string) (*connect.Clients, error) {
 	if kubecontext == "" {
-		return k8s.NewClients(kubeconfig)
+		return connect.NewClients(kubeconfig)
 	}
 	cfg, err := clientConfig(kubeconfig, kubecontext).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("loading context %q of %s: %w", kubecontext, kubeconfigName(kubeconfig), err)
 	}
 	cfg.UserAgent = "meshctl"
-	return k8s.NewClientsForConfig(cfg)
+	return connect.NewClientsForConfig(cfg)
 }
 
 // clientConfig is the kubeconfig (empty: $KUBECONFIG, then ~/.kube/config)

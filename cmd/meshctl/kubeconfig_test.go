@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
 )
 
 // twoContexts writes a kubeconfig with contexts east (current) and west.
@@ -70,9 +70,9 @@ func TestGlobalContextFlag(t *testing.T) {
 	kube, md := fixtureClients()
 	var got [][2]string
 	r := runMeshctlWith(t, kube, md, func(e *env) {
-		e.newClients = func(kubeconfig, kubecontext string) (*k8s.Clients, error) {
+		e.newClients = func(kubeconfig, kubecontext string) (*connect.Clients, error) {
 			got = append(got, [2]string{kubeconfig, kubecontext})
-			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
+			return &connect.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
 		}
 	}, "--kubeconfig", "k.yaml", "--context", "west", "graph")
 	if r.code != 0 || len(got) == 0 {
@@ -93,9 +93,9 @@ func TestLinkContexts(t *testing.T) {
 	kube, md := fixtureClients()
 	var got [][2]string
 	r := runMeshctlWith(t, kube, md, func(e *env) {
-		e.newClients = func(kubeconfig, kubecontext string) (*k8s.Clients, error) {
+		e.newClients = func(kubeconfig, kubecontext string) (*connect.Clients, error) {
 			got = append(got, [2]string{kubeconfig, kubecontext})
-			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
+			return &connect.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
 		}
 	}, "--kubeconfig", path, "link", "--from-context", "east", "--from-mesh-cidr", "10.4.0.0/16", "--to-context", "west", "--to-mesh-cidr", "10.5.0.0/16")
 	// The fake clusters have no CA: refused after connecting, naming the

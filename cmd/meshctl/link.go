@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -39,7 +41,7 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f.StringSliceVar(&s.serviceCIDRs, prefix+"service-cidr", nil, "service CIDR(s) of the "+which+" cluster, routed to the other cluster")
 	f.StringSliceVar(&s.meshCIDRs, prefix+"mesh-cidr", []string{"10.4.0.0/16"}, "meshd --mesh-cidr of the "+which+" cluster")
 	f.StringVar(&s.granularity, prefix+"mesh-granularity", string(mesh.GranularityLocation), "meshd --mesh-granularity of the "+which+" cluster")
-	f.StringVar(&s.topology, prefix+"topology-label", k8s.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster")
+	f.StringVar(&s.topology, prefix+"topology-label", convert.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster")
 	f.IntVar(&s.port, prefix+"port", mesh.DefaultPort, "meshd --port of the "+which+" cluster")
 	f.StringSliceVar(&s.allowed, prefix+"allowed-cidr", nil, "ranges the "+which+" cluster may claim besides its mesh and service CIDRs (e.g. its whole pod CIDR and node network; default: its nodes' pod CIDRs, addresses and allowed-location-ips as seen now)")
 }
@@ -89,7 +91,7 @@ func (s *side) settings(flag, kubeconfig string) (k8s.LinkSettings, error) {
 // claimable fills in ls.Allowed, unless --*-allowed-cidr gave it, with the
 // ranges the cluster claims now: its mesh and service CIDRs and its nodes'
 // pod CIDRs, addresses and allowed-location-ips.
-func claimable(ctx context.Context, c *k8s.Clients, ls *k8s.LinkSettings) error {
+func claimable(ctx context.Context, c *connect.Clients, ls *k8s.LinkSettings) error {
 	if ls.Allowed != nil {
 		return nil
 	}
@@ -99,7 +101,7 @@ func claimable(ctx context.Context, c *k8s.Clients, ls *k8s.LinkSettings) error 
 	}
 	nodes := make([]mesh.Node, 0, len(nl.Items))
 	for i := range nl.Items {
-		n, _ := k8s.NodeFromObject(&nl.Items[i], k8s.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
+		n, _ := convert.NodeFromObject(&nl.Items[i], convert.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		nodes = append(nodes, n)
 	}
 	ls.Allowed = mesh.ClaimableRanges(ls.MeshCIDRs, ls.ServiceCIDRs, nodes)
@@ -152,7 +154,7 @@ func (e *env) settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
 }
 
 // clientsOf connects to both sides.
-func (e *env) clientsOf(from, to *side) (fc, tc *k8s.Clients, err error) {
+func (e *env) clientsOf(from, to *side) (fc, tc *connect.Clients, err error) {
 	if fc, err = e.newClients(from.kubeconfig, from.context); err != nil {
 		return nil, nil, err
 	}
@@ -219,7 +221,7 @@ A cluster whose kubeconfig has no CA data is refused unless
 			// no CA could not be verified by the link.
 			for _, c := range []struct {
 				name string
-				cl   *k8s.Clients
+				cl   *connect.Clients
 			}{{fs.Name, fc}, {ts.Name, tc}} {
 				if !insecure && !hasCA(c.cl) && !(oneWay && c.name == ts.Name) {
 					return fmt.Errorf("cluster %s: %w", c.name, k8s.ErrNoCA)
@@ -231,7 +233,7 @@ A cluster whose kubeconfig has no CA data is refused unless
 			if err := claimable(ctx, tc, &ts); err != nil {
 				return err
 			}
-			grant := func(c *k8s.Clients, ls k8s.LinkSettings, server string, reader *k8s.Clients, readerName string) error {
+			grant := func(c *connect.Clients, ls k8s.LinkSettings, server string, reader *connect.Clients, readerName string) error {
 				return k8s.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, k8s.GrantOptions{Server: server, InsecureSkipTLSVerify: insecure})
 			}
 			if err := grant(fc, fs, from.server, tc, ts.Name); err != nil {
@@ -269,7 +271,7 @@ func (e *env) refreshLinks(ctx context.Context, from, to *side, fromName, toName
 		return err
 	}
 	ns := e.s.leaseNamespace
-	renew := func(c *k8s.Clients, name string, reader *k8s.Clients, readerName string) error {
+	renew := func(c *connect.Clients, name string, reader *connect.Clients, readerName string) error {
 		s, err := reader.Kube.CoreV1().Secrets(ns).Get(ctx, k8s.LinkSecretPrefix+name, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("cluster %s: reading link Secret %s/%s%s (link the clusters first): %w", readerName, ns, k8s.LinkSecretPrefix, name, err)
@@ -310,7 +312,7 @@ func (e *env) refreshLinks(ctx context.Context, from, to *side, fromName, toName
 
 // hasCA reports whether the client configuration carries a CA to verify
 // the API server with.
-func hasCA(c *k8s.Clients) bool {
+func hasCA(c *connect.Clients) bool {
 	return c != nil && c.Config != nil && (len(c.Config.CAData) > 0 || c.Config.CAFile != "")
 }
 

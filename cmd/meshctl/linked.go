@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -33,13 +34,13 @@ type linkedCluster struct {
 }
 
 // remoteClientsFromKubeconfig builds clients from a link Secret's kubeconfig.
-func remoteClientsFromKubeconfig(kc []byte) (*k8s.Clients, error) {
+func remoteClientsFromKubeconfig(kc []byte) (*connect.Clients, error) {
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
 	if err != nil {
 		return nil, fmt.Errorf("parsing its kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "meshctl"
-	return k8s.NewClientsForConfig(cfg)
+	return connect.NewClientsForConfig(cfg)
 }
 
 // linkedClusters reads the link Secrets in the lease namespace and, through
@@ -57,7 +58,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	case err != nil:
 		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", e.s.leaseNamespace, shortError(err))}
 	}
-	local := k8s.LocalGuard(m.Opts, m.Input.Nodes, k8s.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
+	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, k8s.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
 	newRemote := e.remoteClients
 	if newRemote == nil {
 		newRemote = remoteClientsFromKubeconfig
@@ -81,7 +82,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	return out, nil
 }
 
-func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local mesh.RemoteGuard, newRemote func([]byte) (*k8s.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
+func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local mesh.RemoteGuard, newRemote func([]byte) (*connect.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
 	rc, err := newRemote(kc)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("cluster %s: %w", ls.Name, err)

@@ -18,6 +18,8 @@ import (
 
 	"meshd.io/meshd/pkg/k8s"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 func linkSecret(cluster string) *corev1.Secret {
@@ -45,13 +47,13 @@ func statusWithLinks(t *testing.T, local []runtime.Object, remotes map[string]*k
 		react(kube)
 	}
 	return runMeshctlWith(t, kube, md, func(e *env) {
-		e.remoteClients = func(kc []byte) (*k8s.Clients, error) {
+		e.remoteClients = func(kc []byte) (*connect.Clients, error) {
 			cluster := strings.TrimPrefix(string(kc), "kubeconfig of ")
 			r, ok := remotes[cluster]
 			if !ok {
 				return nil, fmt.Errorf("no fake cluster %q", cluster)
 			}
-			return &k8s.Clients{Kube: r, Config: &rest.Config{Host: "https://" + cluster + ".example:6443"}}, nil
+			return &connect.Clients{Kube: r, Config: &rest.Config{Host: "https://" + cluster + ".example:6443"}}, nil
 		}
 	}, "status")
 }
@@ -60,7 +62,7 @@ func TestStatusShowsLinkedClusters(t *testing.T) {
 	// eu-1 (leader of eu) discovered c2's leader's endpoint: a recent handshake.
 	nodes, _, _ := fixture()
 	eu1 := nodes[0].(*corev1.Node)
-	eu1.Annotations[k8s.AnnotationDiscoveredEndpoints] = fmt.Sprintf(`{%q: "198.51.100.9:51820"}`, pub(20).String())
+	eu1.Annotations[convert.AnnotationDiscoveredEndpoints] = fmt.Sprintf(`{%q: "198.51.100.9:51820"}`, pub(20).String())
 	c2 := kubefake.NewClientset(
 		node(nodeSpec{name: "c2-a", region: "x", internal: "192.168.9.1", external: "198.51.100.9", pod: "10.9.0.0/24", key: 20}),
 		// Its pod range overlaps eu-1's: reported, not routed.

@@ -20,7 +20,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -60,13 +62,13 @@ type env struct {
 	stdout, stderr io.Writer
 	// newClients builds clients for a kubeconfig and a context in it
 	// ("": the current one).
-	newClients func(kubeconfig, kubecontext string) (*k8s.Clients, error)
+	newClients func(kubeconfig, kubecontext string) (*connect.Clients, error)
 	now        func() time.Time
 	// resolve resolves Peer endpoint names (nil: the system resolver).
 	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// remoteClients builds clients from a link Secret's kubeconfig (nil:
 	// remoteClientsFromKubeconfig).
-	remoteClients func(kubeconfig []byte) (*k8s.Clients, error)
+	remoteClients func(kubeconfig []byte) (*connect.Clients, error)
 	// pollInterval is how often status --wait reads again (0: 2s).
 	pollInterval time.Duration
 	s            settings
@@ -97,8 +99,8 @@ otherwise meshctl computes a different mesh than the nodes do.`,
 	f.StringVar(&e.s.granularity, "mesh-granularity", string(mesh.GranularityLocation), "the cluster's meshd --mesh-granularity: location or full")
 	f.StringSliceVar(&e.s.meshCIDRs, "mesh-cidr", []string{"10.4.0.0/16"}, "the cluster's meshd --mesh-cidr (repeatable: one IPv4 and one IPv6)")
 	f.IntVar(&e.s.port, "port", mesh.DefaultPort, "the cluster's meshd --port (WireGuard UDP port)")
-	f.StringVar(&e.s.topologyLabel, "topology-label", k8s.DefaultTopologyLabel, "the cluster's meshd --topology-label (Node label giving the location)")
-	f.StringVar(&e.s.leaseNamespace, "lease-namespace", k8s.DefaultNamespace, "the cluster's meshd --lease-namespace (heartbeat Leases, used to tell live nodes for leader election)")
+	f.StringVar(&e.s.topologyLabel, "topology-label", convert.DefaultTopologyLabel, "the cluster's meshd --topology-label (Node label giving the location)")
+	f.StringVar(&e.s.leaseNamespace, "lease-namespace", liveness.DefaultNamespace, "the cluster's meshd --lease-namespace (heartbeat Leases, used to tell live nodes for leader election)")
 	f.DurationVar(&e.s.leaseDuration, "lease-duration", 40*time.Second, "the cluster's meshd --lease-duration: a node whose Lease was renewed longer ago counts as dead")
 	f.DurationVar(&e.s.timeout, "request-timeout", 30*time.Second, "time limit for reading the cluster")
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))

@@ -31,6 +31,9 @@ import (
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -68,7 +71,7 @@ func node(s nodeSpec) *corev1.Node {
 		Spec:       corev1.NodeSpec{PodCIDR: s.pod, PodCIDRs: []string{s.pod}},
 	}
 	if s.region != "" {
-		n.Labels[k8s.DefaultTopologyLabel] = s.region
+		n.Labels[convert.DefaultTopologyLabel] = s.region
 	}
 	if s.internal != "" {
 		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: s.internal})
@@ -77,7 +80,7 @@ func node(s nodeSpec) *corev1.Node {
 		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: s.external})
 	}
 	if s.key != 0 {
-		n.Annotations[k8s.AnnotationPublicKey] = pub(s.key).String()
+		n.Annotations[convert.AnnotationPublicKey] = pub(s.key).String()
 	}
 	for k, v := range s.ann {
 		n.Annotations[k] = v
@@ -88,7 +91,7 @@ func node(s nodeSpec) *corev1.Node {
 func lease(nodeName string, renewed time.Time) *coordinationv1.Lease {
 	rt := metav1.NewMicroTime(renewed)
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: k8s.LeaseName(nodeName), Namespace: k8s.DefaultNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName(nodeName), Namespace: liveness.DefaultNamespace},
 		Spec:       coordinationv1.LeaseSpec{RenewTime: &rt},
 	}
 }
@@ -107,19 +110,19 @@ func fixture() (nodes []runtime.Object, leases []runtime.Object, peers []runtime
 	nodes = []runtime.Object{
 		node(nodeSpec{name: "eu-1", region: "eu", internal: "192.168.1.1", external: "203.0.113.1", pod: "10.1.0.0/24", key: 1,
 			ann: map[string]string{
-				k8s.AnnotationWireGuardIP:         "10.4.0.1",
-				k8s.AnnotationDiscoveredEndpoints: fmt.Sprintf(`{%q: "198.51.100.1:51820"}`, pub(3).String()),
+				convert.AnnotationWireGuardIP:         "10.4.0.1",
+				convert.AnnotationDiscoveredEndpoints: fmt.Sprintf(`{%q: "198.51.100.1:51820"}`, pub(3).String()),
 			}}),
 		node(nodeSpec{name: "eu-2", region: "eu", internal: "192.168.1.2", pod: "10.1.1.0/24", key: 2}),
 		node(nodeSpec{name: "us-1", region: "us", internal: "192.168.2.1", external: "198.51.100.1", pod: "10.2.0.0/24", key: 3,
 			ann: map[string]string{
-				k8s.AnnotationLeader:              "true",
-				k8s.AnnotationPersistentKeepalive: "25",
-				k8s.AnnotationDiscoveredEndpoints: fmt.Sprintf(`{%q: "203.0.113.1:51820"}`, pub(1).String()),
-				k8s.AnnotationAllowedLocationIPs:  "172.20.0.0/16",
+				convert.AnnotationLeader:              "true",
+				convert.AnnotationPersistentKeepalive: "25",
+				convert.AnnotationDiscoveredEndpoints: fmt.Sprintf(`{%q: "203.0.113.1:51820"}`, pub(1).String()),
+				convert.AnnotationAllowedLocationIPs:  "172.20.0.0/16",
 			}}),
 		node(nodeSpec{name: "us-2", region: "us", internal: "192.168.2.2", external: "198.51.100.2", pod: "10.2.1.0/24", key: 4,
-			ann: map[string]string{k8s.AnnotationLeader: "true", k8s.AnnotationPersistentKeepalive: "soon"}}),
+			ann: map[string]string{convert.AnnotationLeader: "true", convert.AnnotationPersistentKeepalive: "soon"}}),
 		node(nodeSpec{name: "us-3", region: "us", internal: "192.168.2.3", pod: "10.2.2.0/24"}),
 	}
 	leases = []runtime.Object{
@@ -180,8 +183,8 @@ func runMeshctlWith(t *testing.T, kube *kubefake.Clientset, md *meshdfake.Client
 	e := &env{
 		stdout: &stdout,
 		stderr: &stderr,
-		newClients: func(_, _ string) (*k8s.Clients, error) {
-			return &k8s.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
+		newClients: func(_, _ string) (*connect.Clients, error) {
+			return &connect.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
 		},
 		now:     func() time.Time { return now },
 		resolve: fakeResolve,
@@ -319,7 +322,7 @@ func TestAsPeerRoundTrip(t *testing.T) {
 			if obj.APIVersion != "meshd.io/v1alpha1" || obj.Kind != "Peer" {
 				t.Errorf("%s: apiVersion/kind %s/%s", name, obj.APIVersion, obj.Kind)
 			}
-			got, err := k8s.PeerFromObject(&obj, nil)
+			got, err := convert.PeerFromObject(&obj, nil)
 			if err != nil {
 				t.Fatalf("%s: the printed Peer is invalid: %v", name, err)
 			}
@@ -334,8 +337,8 @@ func TestAsPeerRoundTrip(t *testing.T) {
 			for _, l := range leases {
 				ls = append(ls, l.(*coordinationv1.Lease))
 			}
-			live, _ := liveness(ls, 40*time.Second, now)
-			in := k8s.NewMeshInput(context.Background(), objs, nil, k8s.MeshInputOptions{})
+			live, _ := leaseLiveness(ls, 40*time.Second, now)
+			in := convert.NewMeshInput(context.Background(), objs, nil, convert.MeshInputOptions{})
 			topo, err := mesh.NewTopology(in.Nodes, nil, mesh.Local{Live: live}, mesh.Options{MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}})
 			if err != nil {
 				t.Fatal(err)

@@ -12,9 +12,9 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
-	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // TestStatusStructured: -o json and -o yaml carry the table's data, and the
@@ -77,7 +77,7 @@ func TestStatusStructured(t *testing.T) {
 // annotation, no broken Peer.
 func healthyClients() (*kubefake.Clientset, *meshdfake.Clientset) {
 	nodes, leases, peers := fixture()
-	delete(nodes[3].(*corev1.Node).Annotations, k8s.AnnotationPersistentKeepalive)
+	delete(nodes[3].(*corev1.Node).Annotations, convert.AnnotationPersistentKeepalive)
 	var good []runtime.Object
 	for _, p := range peers {
 		if p.(*v1alpha1.Peer).Name != "broken" {
@@ -114,7 +114,7 @@ func TestStatusHealthyExitsZero(t *testing.T) {
 func TestStatusWait(t *testing.T) {
 	kube, md := fixtureClients()
 	us2 := mustNode(t, kube, "us-2")
-	delete(us2.Annotations, k8s.AnnotationPersistentKeepalive)
+	delete(us2.Annotations, convert.AnnotationPersistentKeepalive)
 	if err := kube.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), us2, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -36,7 +36,7 @@ func leanNode(obj any) (any, error) {
 	lean.CreationTimestamp, lean.DeletionTimestamp = n.CreationTimestamp, n.DeletionTimestamp
 	lean.Labels = n.Labels
 	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, k8s.AnnotationPrefix) {
+		if strings.HasPrefix(k, convert.AnnotationPrefix) {
 			if lean.Annotations == nil {
 				lean.Annotations = map[string]string{}
 			}
@@ -78,7 +78,7 @@ func setTransform(i cache.SharedIndexInformer, f cache.TransformFunc) error {
 // everything.
 type nodeFilter struct {
 	self  string
-	parse k8s.ParseOptions
+	parse convert.ParseOptions
 }
 
 type parsedNode struct {
@@ -89,13 +89,13 @@ type parsedNode struct {
 func (f nodeFilter) input(o *corev1.Node) parsedNode {
 	if o.Name == f.self {
 		o = o.DeepCopy()
-		delete(o.Annotations, k8s.AnnotationEndpoint)
-		delete(o.Annotations, k8s.AnnotationInternalIP)
-		delete(o.Annotations, k8s.AnnotationPublicKey)
-		delete(o.Annotations, k8s.AnnotationWireGuardIP)
-		delete(o.Annotations, k8s.AnnotationDiscoveredEndpoints)
+		delete(o.Annotations, convert.AnnotationEndpoint)
+		delete(o.Annotations, convert.AnnotationInternalIP)
+		delete(o.Annotations, convert.AnnotationPublicKey)
+		delete(o.Annotations, convert.AnnotationWireGuardIP)
+		delete(o.Annotations, convert.AnnotationDiscoveredEndpoints)
 	}
-	n, errs := k8s.NodeFromObject(o, f.parse)
+	n, errs := convert.NodeFromObject(o, f.parse)
 	p := parsedNode{node: n}
 	if err := errors.Join(errs...); err != nil {
 		p.problems = err.Error()

@@ -21,9 +21,14 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"meshd.io/meshd/pkg/dnscache"
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
+	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
@@ -43,11 +48,11 @@ type daemon struct {
 	log  *slog.Logger
 	rec  *reconciler
 	reg  *prometheus.Registry
-	kube *k8s.Clients
+	kube *connect.Clients
 
 	nodes, peers, leases cache.SharedIndexInformer
 	secrets              cache.SharedIndexInformer // Peer preshared keys
-	dns                  *k8s.Resolver
+	dns                  *dnscache.Resolver
 	queue                workqueue.TypedRateLimitingInterface[string]
 	coalesce             *coalescer
 	routes               *route.Manager
@@ -61,7 +66,7 @@ type daemon struct {
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
-	clients, err := k8s.NewClients(c.Kubeconfig)
+	clients, err := connect.NewClients(c.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the API server: %w", err)
 	}
@@ -115,7 +120,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		dev.Close()
 		return nil, fmt.Errorf("building the API client: %w", err)
 	}
-	events, stopEvents := k8s.NewEventRecorder(writer, "meshd")
+	events, stopEvents := connect.NewEventRecorder(writer, "meshd")
 	r := &reconciler{
 		log:      log,
 		opts:     opts,
@@ -127,7 +132,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		facts:    facts,
 		kube:     writer,
 		events:   events,
-		liveness: k8s.NewLiveness(c.LeaseDuration, time.Now),
+		liveness: liveness.NewLiveness(c.LeaseDuration, time.Now),
 		stateDir: c.StateDir,
 		freeze:   newLiveFreeze(log, c.LeaseDuration, time.Now()),
 		device:   dev,
@@ -147,13 +152,13 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
-	d.filter = nodeFilter{self: c.Hostname, parse: k8s.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
+	d.filter = nodeFilter{self: c.Hostname, parse: convert.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
 	// Lean caches (cache.go): only what meshd reads is kept.
 	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
-	d.peers = k8s.NewPeerInformer(clients, c.ResyncPeriod)
+	d.peers = connect.NewPeerInformer(clients, c.ResyncPeriod)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
 		return nil, err
 	}
@@ -163,8 +168,8 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
 	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
-	r.secrets = k8s.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
-	d.dns = k8s.NewResolver(k8s.ResolverOptions{OnChange: d.enqueue, Logger: log})
+	r.secrets = secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
+	d.dns = dnscache.NewResolver(dnscache.ResolverOptions{OnChange: d.enqueue, Logger: log})
 	r.dns = d.dns.Lookup
 	if err := d.setupFailover(); err != nil {
 		dev.Close()
@@ -227,7 +232,7 @@ func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 		if !ok {
 			return
 		}
-		node, mine := k8s.NodeNameFromLease(l)
+		node, mine := liveness.NodeNameFromLease(l)
 		if !mine {
 			return
 		}
@@ -247,7 +252,7 @@ func (d *daemon) leaseHandler() cache.ResourceEventHandler {
 				obj = t.Obj
 			}
 			if l, ok := obj.(*coordinationv1.Lease); ok {
-				if node, mine := k8s.NodeNameFromLease(l); mine {
+				if node, mine := liveness.NodeNameFromLease(l); mine {
 					d.rec.liveness.Forget(node)
 					d.enqueue()
 				}

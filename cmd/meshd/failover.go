@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 )
@@ -45,7 +47,7 @@ func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, leaders ma
 	selfLoc := ""
 	for i := range nodes {
 		n := &nodes[i]
-		k := k8s.LocationKey(*n, g)
+		k := convert.LocationKey(*n, g)
 		if n.Name == self {
 			selfLoc = k
 		}
@@ -105,10 +107,10 @@ func boolFirst(a, b bool) int {
 
 // probeReport turns the prober's results into the report published on the
 // heartbeat Lease.
-func probeReport(p *probe.Prober) func() k8s.Report {
-	return func() k8s.Report {
+func probeReport(p *probe.Prober) func() liveness.Report {
+	return func() liveness.Report {
 		up, down := probe.Split(p.Results())
-		return k8s.Report{Up: up, Down: down}
+		return liveness.Report{Up: up, Down: down}
 	}
 }
 
@@ -168,7 +170,7 @@ func (d *daemon) setupFailover() error {
 // freezes the Lease-based liveness decisions (the API server is unreachable:
 // losing sight of everyone is not everyone dying).
 func (d *daemon) runHeartbeat(ctx context.Context) error {
-	o := k8s.HeartbeatOptions{
+	o := liveness.HeartbeatOptions{
 		Namespace: d.cfg.LeaseNamespace, Node: d.cfg.Hostname, Interval: d.cfg.LeaseDuration / 4, Logger: d.log,
 		Result: func(err error) {
 			if d.rec.liveness.SetAPIReachable(err == nil) {
@@ -183,7 +185,7 @@ func (d *daemon) runHeartbeat(ctx context.Context) error {
 	if d.prober != nil {
 		o.Report, o.Trigger = probeReport(d.prober), d.probeChanged
 	}
-	return k8s.RunHeartbeatWith(ctx, d.kube.Kube, o)
+	return liveness.RunHeartbeatWith(ctx, d.kube.Kube, o)
 }
 
 // nextLivenessCheck is how long until the liveness decisions may change by

@@ -7,7 +7,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 )
@@ -47,7 +47,7 @@ func TestProbeTargets(t *testing.T) {
 	if got := probeTargets(nodes, "a1", mesh.GranularityFull, nil, 51821); len(got) != 0 {
 		t.Errorf("full mesh: every node leads itself, nothing to probe: %v", got)
 	}
-	keys := k8s.LocationKeys([]mesh.Node{{Name: "x", Location: "a"}, {Name: "y"}}, mesh.GranularityLocation)
+	keys := convert.LocationKeys([]mesh.Node{{Name: "x", Location: "a"}, {Name: "y"}}, mesh.GranularityLocation)
 	if want := map[string]string{"x": "location/a", "y": "node/y"}; !reflect.DeepEqual(keys, want) {
 		t.Errorf("locationKeys = %v", keys)
 	}

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // TestLogFormat: --log-format json writes one JSON object per line, text
@@ -76,7 +76,7 @@ func TestPlanWarningsOnce(t *testing.T) {
 	// b1's allowed-location-ips overlap a1's pod CIDR: the planner drops
 	// the range and warns.
 	b1 := testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t))
-	b1.Annotations[k8s.AnnotationAllowedLocationIPs] = "10.42.1.0/25"
+	b1.Annotations[convert.AnnotationAllowedLocationIPs] = "10.42.1.0/25"
 	f := newFakes(t, "a1",
 		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t)),
 		b1,
@@ -116,9 +116,9 @@ func TestPlanWarningsOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		if v == "" {
-			delete(n.Annotations, k8s.AnnotationAllowedLocationIPs)
+			delete(n.Annotations, convert.AnnotationAllowedLocationIPs)
 		} else {
-			n.Annotations[k8s.AnnotationAllowedLocationIPs] = v
+			n.Annotations[convert.AnnotationAllowedLocationIPs] = v
 		}
 		if _, err := f.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)

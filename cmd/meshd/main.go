@@ -4,7 +4,7 @@
 // WireGuard device, `cleanup` removes everything meshd owns.
 //
 // Out of scope: deciding or touching anything itself. The plan comes from
-// pkg/mesh, the conversion of API objects from pkg/k8s, and every kernel
+// pkg/mesh, the conversion of API objects from pkg/k8s/convert, and every kernel
 // change from the executors pkg/wg, pkg/route and pkg/iptables; this package
 // wires them together (flags, informers, the reconcile loop, the coalescer,
 // metrics, the subcommands) and makes no netlink, wgctrl or iptables call of

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/mirror"
 )
 
@@ -150,7 +150,7 @@ func mirrorCommand() subcommand {
 }
 
 func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error {
-	local, err := k8s.NewClients(mc.Kubeconfig)
+	local, err := connect.NewClients(mc.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("building the local cluster's clients: %w", err)
 	}
@@ -169,7 +169,7 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := mirror.NewMetrics(reg)
-	recorder, stopEvents := k8s.NewEventRecorder(local.Kube, "meshd-mirror")
+	recorder, stopEvents := connect.NewEventRecorder(local.Kube, "meshd-mirror")
 	defer stopEvents()
 
 	srv := mirrorServer(mc.Listen, reg)

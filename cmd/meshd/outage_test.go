@@ -17,6 +17,7 @@ import (
 
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -27,7 +28,7 @@ func TestPeerKeepsPresharedKeyWhenSecretVanishes(t *testing.T) {
 	ctx := context.Background()
 	f := newFakes(t, "a1", testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}))
 	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
-	f.rec.secrets = k8s.NewPresharedKeys(store, "meshd-system").Lookup
+	f.rec.secrets = secrets.NewPresharedKeys(store, "meshd-system").Lookup
 	peerKey := newKey(t)
 	f.rec.peerLister = sliceLister{&v1alpha1.Peer{
 		ObjectMeta: metav1.ObjectMeta{Name: "office"},

@@ -23,6 +23,8 @@ import (
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
@@ -56,7 +58,7 @@ type (
 
 // discoveredFresh is how recent a handshake must be for its endpoint to be
 // published for NAT traversal.
-const discoveredFresh = k8s.DiscoveredFresh
+const discoveredFresh = convert.DiscoveredFresh
 
 // reconciler runs one pass of snapshot → plan → apply → report.
 type reconciler struct {
@@ -71,7 +73,7 @@ type reconciler struct {
 
 	kube     kubernetes.Interface
 	events   record.EventRecorder
-	liveness *k8s.Liveness
+	liveness *liveness.Liveness
 	// prober, when set, gets the probe targets of every plan (failover.go).
 	prober    probeSetter
 	probePort int
@@ -100,7 +102,7 @@ type reconciler struct {
 	// (k8s.PresharedKeys: a vanished Secret keeps the last known key); dns
 	// answers Peer endpoint names from the background resolver's cache.
 	// Nil: Peers with a preshared key are unusable, names resolve live.
-	secrets k8s.SecretLookup
+	secrets convert.SecretLookup
 	dns     func(host string) (netip.Addr, error)
 
 	// freeze keeps liveness decisions while the API is unreachable (nil: off).
@@ -115,7 +117,7 @@ type reconciler struct {
 	linkPeers map[string][]mesh.Peer
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
-	discovered k8s.DiscoveredEndpoints
+	discovered convert.DiscoveredEndpoints
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -198,7 +200,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	objects, remote := peers, r.remotePeers(nodes)
 	peers = append(slices.Clip(peers), remote...)
-	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
+	live := r.liveness.Decide(convert.LocationKeys(nodes, r.opts.Granularity))
 	if r.freeze != nil {
 		// The API server unreachable from here: keep the last live set
 		// (freeze.go); the Lease ages are frozen too (k8s.Liveness).
@@ -263,8 +265,8 @@ func (r *reconciler) execute(plan *mesh.Plan) []error {
 // (k8s.NewMeshInput), reports each object's problems once (log line and
 // Event), and replaces the local node by what this node knows about itself.
 func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
-	in := k8s.NewMeshInput(ctx, s.nodes, s.peers, k8s.MeshInputOptions{
-		Parse:  k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port},
+	in := convert.NewMeshInput(ctx, s.nodes, s.peers, convert.MeshInputOptions{
+		Parse:  convert.ParseOptions{TopologyLabel: r.topology, Port: r.port},
 		Secret: r.secrets,
 		Cached: r.dns,
 		// No Peer may route the API server (nor a node's address or endpoint).
@@ -305,9 +307,9 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 // node knows: its key, and its addresses when the Node object has none.
 func (r *reconciler) selfNode(o *corev1.Node) mesh.Node {
 	o = o.DeepCopy()
-	delete(o.Annotations, k8s.AnnotationEndpoint)
-	delete(o.Annotations, k8s.AnnotationInternalIP)
-	n, _ := k8s.NodeFromObject(o, k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port})
+	delete(o.Annotations, convert.AnnotationEndpoint)
+	delete(o.Annotations, convert.AnnotationInternalIP)
+	n, _ := convert.NodeFromObject(o, convert.ParseOptions{TopologyLabel: r.topology, Port: r.port})
 	n.PublicKey = r.key.PublicKey()
 	n.DiscoveredEndpoints = r.discovered.Published()
 	if len(n.InternalIPs) == 0 {
@@ -358,7 +360,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.linkLive != nil {
 		r.linkLive.Sync(remotes)
 	}
-	guard := k8s.LocalGuard(r.opts, nodes, r.apiServers...)
+	guard := mesh.LocalGuard(r.opts, nodes, r.apiServers...)
 	var peers []mesh.Peer
 	stale := 0
 	defer func() { r.metrics.staleLinks.Set(float64(stale)) }()
@@ -462,16 +464,16 @@ func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {
 // changed; nothing when equal). The private key is never published.
 func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan) error {
 	me := r.selfNode(self)
-	pub := k8s.Published{
+	pub := convert.Published{
 		PublicKey:    r.key.PublicKey(),
 		InternalIPs:  me.InternalIPs,
 		WireGuardIPs: plan.MeshIPs[r.node],
 	}
-	if self.Annotations[k8s.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
+	if self.Annotations[convert.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
 		pub.Endpoint = me.Endpoint.Addr
 	}
 	pub.DiscoveredEndpoints = me.DiscoveredEndpoints
-	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
+	_, err := convert.PublishNode(ctx, r.kube, r.node, convert.NodeAnnotations(pub), self)
 	return err
 }
 
@@ -480,7 +482,7 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 // node published before. Handshake times themselves stay local (metrics).
 func (r *reconciler) observeDiscovered(self *corev1.Node) {
 	now := time.Now()
-	if prev, _ := k8s.NodeFromObject(self, k8s.ParseOptions{TopologyLabel: r.topology, Port: r.port}); prev.DiscoveredEndpoints != nil {
+	if prev, _ := convert.NodeFromObject(self, convert.ParseOptions{TopologyLabel: r.topology, Port: r.port}); prev.DiscoveredEndpoints != nil {
 		r.discovered.Seed(now, prev.DiscoveredEndpoints)
 	}
 	if stats, err := r.device.Stats(); err == nil {

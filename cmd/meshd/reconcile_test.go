@@ -17,7 +17,8 @@ import (
 	"time"
 
 	"meshd.io/meshd/pkg/iptables"
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/route"
 	"meshd.io/meshd/pkg/wg"
@@ -55,7 +56,7 @@ func testNode(name, region, ip, pod string, key wgtypes.Key) *corev1.Node {
 		Status:     corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}},
 	}
 	if key != (wgtypes.Key{}) {
-		n.Annotations[k8s.AnnotationPublicKey] = key.PublicKey().String()
+		n.Annotations[convert.AnnotationPublicKey] = key.PublicKey().String()
 	}
 	return n
 }
@@ -85,7 +86,7 @@ func newFakes(t *testing.T, self string, nodes ...*corev1.Node) *fakes {
 	f.rec = &reconciler{
 		log: log, opts: opts, node: self, port: 51820, topology: "topology.kubernetes.io/region",
 		key: newKey(t), mtu: 1420, kube: f.kube, events: record.NewFakeRecorder(100),
-		liveness: k8s.NewLiveness(time.Minute, time.Now),
+		liveness: liveness.NewLiveness(time.Minute, time.Now),
 		device:   f.dev, routes: f.routes, ipt4: f.ipt4,
 		metrics:    newMetrics(prometheus.NewRegistry(), nil),
 		nodeLister: sliceLister(objs), peerLister: sliceLister(nil),
@@ -167,10 +168,10 @@ func TestUnchangedInputNoWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if me.Annotations[k8s.AnnotationPublicKey] != f.rec.key.PublicKey().String() {
+	if me.Annotations[convert.AnnotationPublicKey] != f.rec.key.PublicKey().String() {
 		t.Fatalf("public key not published: %v", me.Annotations)
 	}
-	if me.Annotations[k8s.AnnotationWireGuardIP] == "" {
+	if me.Annotations[convert.AnnotationWireGuardIP] == "" {
 		t.Fatalf("mesh address not published: %v", me.Annotations)
 	}
 	for k, v := range me.Annotations {
@@ -204,7 +205,7 @@ func TestUnchangedInputNoWrites(t *testing.T) {
 // Event and the rest of the mesh is still planned.
 func TestMalformedAnnotationReportedOnce(t *testing.T) {
 	bad := testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t))
-	bad.Annotations[k8s.AnnotationPersistentKeepalive] = "abc"
+	bad.Annotations[convert.AnnotationPersistentKeepalive] = "abc"
 	f := newFakes(t, "a1", testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}), bad)
 	for i := 0; i < 3; i++ {
 		if err := f.rec.reconcile(context.Background()); err != nil {
@@ -247,13 +248,13 @@ func indexOf(s, sub string) int {
 // resyncs and a node's own published annotations must not trigger
 // reconciles; anything the plan reads must.
 func TestNodeFilter(t *testing.T) {
-	f := nodeFilter{self: "self", parse: k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}}
+	f := nodeFilter{self: "self", parse: convert.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}}
 	base := testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t))
-	base.Annotations[k8s.AnnotationHandshakes] = `{}`
+	base.Annotations[convert.AnnotationHandshakes] = `{}`
 	same := base.DeepCopy()
 	same.ResourceVersion = "42"
 	same.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}
-	same.Annotations[k8s.AnnotationHandshakes] = `{"x":1}`
+	same.Annotations[convert.AnnotationHandshakes] = `{"x":1}`
 	same.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
 	same.Labels["kubernetes.io/os"] = "linux"
 	if f.changed(base, same) {
@@ -262,13 +263,13 @@ func TestNodeFilter(t *testing.T) {
 	k2 := newKey(t).PublicKey()
 	for name, mutate := range map[string]func(n *corev1.Node){
 		"location label": func(n *corev1.Node) { n.Labels["topology.kubernetes.io/region"] = "b" },
-		"leader":         func(n *corev1.Node) { n.Annotations[k8s.AnnotationLeader] = "true" },
-		"key":            func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = newKey(t).PublicKey().String() },
-		"malformed key":  func(n *corev1.Node) { n.Annotations[k8s.AnnotationPublicKey] = "x" },
+		"leader":         func(n *corev1.Node) { n.Annotations[convert.AnnotationLeader] = "true" },
+		"key":            func(n *corev1.Node) { n.Annotations[convert.AnnotationPublicKey] = newKey(t).PublicKey().String() },
+		"malformed key":  func(n *corev1.Node) { n.Annotations[convert.AnnotationPublicKey] = "x" },
 		"podCIDRs":       func(n *corev1.Node) { n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd42::/64") },
 		"address":        func(n *corev1.Node) { n.Status.Addresses[0].Address = "198.51.100.99" },
 		"discovered": func(n *corev1.Node) {
-			n.Annotations[k8s.AnnotationDiscoveredEndpoints] = `{"` + k2.String() + `":"203.0.113.9:4000"}`
+			n.Annotations[convert.AnnotationDiscoveredEndpoints] = `{"` + k2.String() + `":"203.0.113.9:4000"}`
 		},
 	} {
 		n := base.DeepCopy()
@@ -280,8 +281,8 @@ func TestNodeFilter(t *testing.T) {
 	// A bad value replaced by another bad value: the plan is the same but
 	// the problem to report differs.
 	bad1, bad2 := base.DeepCopy(), base.DeepCopy()
-	bad1.Annotations[k8s.AnnotationPersistentKeepalive] = "abc"
-	bad2.Annotations[k8s.AnnotationPersistentKeepalive] = "abd"
+	bad1.Annotations[convert.AnnotationPersistentKeepalive] = "abc"
+	bad2.Annotations[convert.AnnotationPersistentKeepalive] = "abd"
 	if !f.changed(bad1, bad2) {
 		t.Error("a changed malformed annotation not seen")
 	}
@@ -307,10 +308,10 @@ func TestOwnWritesDoNotTrigger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Annotations[k8s.AnnotationPublicKey] == "" {
+	if after.Annotations[convert.AnnotationPublicKey] == "" {
 		t.Fatal("nothing published")
 	}
-	parse := k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
+	parse := convert.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
 	if (nodeFilter{self: "a1", parse: parse}).changed(before, after) {
 		t.Error("a1's own publish triggers a1's reconcile")
 	}
@@ -345,7 +346,7 @@ func TestOwnWritesDoNotTrigger(t *testing.T) {
 		t.Errorf("handshakes caused %d API writes", got.patches-settled.patches)
 	}
 	me, _ := f.kube.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
-	if v, ok := me.Annotations[k8s.AnnotationHandshakes]; ok {
+	if v, ok := me.Annotations[convert.AnnotationHandshakes]; ok {
 		t.Errorf("handshakes published: %s", v)
 	}
 }
@@ -354,7 +355,7 @@ func TestOwnWritesDoNotTrigger(t *testing.T) {
 // reads and keeps everything the planner does.
 func TestLeanNodeKeepsMeshInput(t *testing.T) {
 	n := testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", newKey(t))
-	n.Annotations[k8s.AnnotationLeader] = "true"
+	n.Annotations[convert.AnnotationLeader] = "true"
 	n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
 	n.UID, n.ResourceVersion = "uid-1", "7"
 	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
@@ -376,9 +377,9 @@ func TestLeanNodeKeepsMeshInput(t *testing.T) {
 	if lean.Name != n.Name || lean.UID != n.UID || lean.ResourceVersion != n.ResourceVersion {
 		t.Errorf("lean Node lost its identity: %+v", lean.ObjectMeta)
 	}
-	parse := k8s.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
-	want, _ := k8s.NodeFromObject(n, parse)
-	got, _ := k8s.NodeFromObject(lean, parse)
+	parse := convert.ParseOptions{TopologyLabel: "topology.kubernetes.io/region", Port: 51820}
+	want, _ := convert.NodeFromObject(n, parse)
+	got, _ := convert.NodeFromObject(lean, parse)
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("mesh input changed by the transform:\n got %+v\nwant %+v", got, want)
 	}

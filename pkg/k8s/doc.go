@@ -1,16 +1,18 @@
-// Package k8s is meshd's Kubernetes layer: it converts Node and Peer objects
-// into the planner's mesh.Node and mesh.Peer (tolerating and reporting
-// malformed annotations), publishes the annotations meshd owns on its Node,
-// keeps the per-node heartbeat Lease and judges other nodes' liveness from
-// when this process observed their leases change (remote clocks are read
-// once, on first sight, to tell a long-dead node's stale Lease from a fresh
-// one: clocks must agree to well within --lease-duration), and builds the clients, informers and event recorder the daemon uses.
+// Package k8s links clusters: it reads and writes the link Secrets that
+// connect this cluster's mesh to another's (LinkFromSecret, GrantLink,
+// RevokeLink), watches the linked clusters' Nodes and heartbeat Leases
+// (LinkWatcher, LinkLiveness), and converts a linked cluster's nodes into
+// the Peers this cluster routes to (RemotePeers, with the policy in
+// pkg/mesh).
 //
-// The Peer API types live in pkg/k8s/apis/meshd/v1alpha1 and the generated
-// clientset, listers and informers in pkg/k8s/client; run
-// hack/update-codegen.sh after changing the types.
+// The Kubernetes layer is split by concern: the Peer API types live in
+// pkg/k8s/apis/meshd/v1alpha1 and the generated clientset, listers and
+// informers in pkg/k8s/client (run hack/update-codegen.sh after changing
+// the types); clients in pkg/k8s/connect; conversion of Nodes and Peers and
+// publishing in pkg/k8s/convert; heartbeat and liveness in
+// pkg/k8s/liveness; preshared-key Secrets in pkg/k8s/secrets.
 //
 // Out of scope: planning (pkg/mesh decides; this package only converts and
 // reports) and every kernel change (the executors pkg/wg, pkg/route and
-// pkg/iptables); nothing here reads the network.
+// pkg/iptables); nothing here reads the network outside the watches.
 package k8s

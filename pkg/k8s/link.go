@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +24,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -33,20 +35,20 @@ import (
 // keeps the remote cluster's location leaders as WireGuard peers by itself.
 const (
 	// LabelClusterLink marks a Secret holding a linked cluster's kubeconfig.
-	LabelClusterLink = AnnotationPrefix + "cluster-link"
+	LabelClusterLink = convert.AnnotationPrefix + "cluster-link"
 	// Annotations on a link Secret describing the remote cluster.
-	AnnotationRemoteCluster       = AnnotationPrefix + "remote-cluster"
-	AnnotationRemoteServiceCIDRs  = AnnotationPrefix + "remote-service-cidrs"
-	AnnotationRemoteGranularity   = AnnotationPrefix + "remote-mesh-granularity"
-	AnnotationRemoteMeshCIDRs     = AnnotationPrefix + "remote-mesh-cidrs"
-	AnnotationRemoteTopologyLabel = AnnotationPrefix + "remote-topology-label"
-	AnnotationRemotePort          = AnnotationPrefix + "remote-port"
+	AnnotationRemoteCluster       = convert.AnnotationPrefix + "remote-cluster"
+	AnnotationRemoteServiceCIDRs  = convert.AnnotationPrefix + "remote-service-cidrs"
+	AnnotationRemoteGranularity   = convert.AnnotationPrefix + "remote-mesh-granularity"
+	AnnotationRemoteMeshCIDRs     = convert.AnnotationPrefix + "remote-mesh-cidrs"
+	AnnotationRemoteTopologyLabel = convert.AnnotationPrefix + "remote-topology-label"
+	AnnotationRemotePort          = convert.AnnotationPrefix + "remote-port"
 	// AnnotationRemoteAllowedCIDRs lists the ranges the remote cluster may
 	// claim, agreed at link time (meshctl link); absent: not recorded.
-	AnnotationRemoteAllowedCIDRs = AnnotationPrefix + "remote-allowed-cidrs"
+	AnnotationRemoteAllowedCIDRs = convert.AnnotationPrefix + "remote-allowed-cidrs"
 	// AnnotationLinkTokenExpires is when the link's token expires (RFC 3339),
 	// as the remote API server granted it.
-	AnnotationLinkTokenExpires = AnnotationPrefix + "link-token-expires"
+	AnnotationLinkTokenExpires = convert.AnnotationPrefix + "link-token-expires"
 	// LinkSecretPrefix prefixes link Secrets: meshd-link-<remote cluster>.
 	LinkSecretPrefix = "meshd-link-"
 	// LinkKubeconfigKey is the Secret data key of the kubeconfig.
@@ -112,13 +114,13 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 		ls.Granularity = mesh.GranularityLocation
 	}
 	if ls.TopologyLabel == "" {
-		ls.TopologyLabel = DefaultTopologyLabel
+		ls.TopologyLabel = convert.DefaultTopologyLabel
 	}
 	var err error
-	if ls.ServiceCIDRs, err = parsePrefixes(splitList(a[AnnotationRemoteServiceCIDRs])); err != nil {
+	if ls.ServiceCIDRs, err = convert.ParsePrefixes(convert.SplitList(a[AnnotationRemoteServiceCIDRs])); err != nil {
 		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteServiceCIDRs, err))
 	}
-	if ls.MeshCIDRs, err = parsePrefixes(splitList(a[AnnotationRemoteMeshCIDRs])); err != nil {
+	if ls.MeshCIDRs, err = convert.ParsePrefixes(convert.SplitList(a[AnnotationRemoteMeshCIDRs])); err != nil {
 		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteMeshCIDRs, err))
 	}
 	if len(ls.MeshCIDRs) == 0 {
@@ -127,7 +129,7 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 	if v, ok := a[AnnotationRemoteAllowedCIDRs]; ok {
 		ls.Allowed = []netip.Prefix{} // recorded, and empty: nothing may be claimed
 		if strings.TrimSpace(v) != "" {
-			if ls.Allowed, err = parsePrefixes(splitList(v)); err != nil {
+			if ls.Allowed, err = convert.ParsePrefixes(convert.SplitList(v)); err != nil {
 				errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteAllowedCIDRs, err))
 			}
 		}
@@ -148,39 +150,6 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 	return ls, kc, nil
 }
 
-// LocalRanges are the ranges of the local cluster a linked cluster's ranges
-// must not overlap (RemotePeers' local): its mesh and service CIDRs and
-// every node's pod CIDRs.
-func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
-	local := slices.Concat(opts.MeshCIDRs, opts.ServiceCIDRs)
-	for _, n := range nodes {
-		local = append(local, n.PodCIDRs...)
-	}
-	return local
-}
-
-// LocalGuard is what a linked cluster's ranges are checked against
-// (mesh.RemoteGuard): LocalRanges, and as protected addresses every local
-// node's underlay (internal) addresses and WireGuard endpoint, and
-// apiServers (the local API server's addresses, when known).
-func LocalGuard(opts mesh.Options, nodes []mesh.Node, apiServers ...netip.Addr) mesh.RemoteGuard {
-	g := mesh.RemoteGuard{Local: LocalRanges(opts, nodes)}
-	for _, n := range nodes {
-		for _, a := range n.InternalIPs {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the underlay address of node " + n.Name})
-		}
-		if a := n.Endpoint.Addr.Addr(); a.IsValid() {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of node " + n.Name})
-		}
-	}
-	for _, a := range apiServers {
-		if a.IsValid() {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
-		}
-	}
-	return g
-}
-
 // RemotePeers computes the Peers a linked cluster contributes (see
 // mesh.RemotePeers, which holds the policy): one per location leader of the
 // remote mesh. A range that overlaps a local range, covers a protected
@@ -193,7 +162,7 @@ func RemotePeers(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard) 
 // RemoteJudge returns the liveness decision of a linked cluster's nodes,
 // given each node's location key (see LocationKeys); nil judges every node
 // live.
-type RemoteJudge func(location map[string]string) Decision
+type RemoteJudge func(location map[string]string) liveness.Decision
 
 // RemotePeersLive is RemotePeers with the linked cluster's leaders elected
 // the way its own nodes elect them (judge: from its Leases and probe
@@ -202,7 +171,7 @@ type RemoteJudge func(location map[string]string) Decision
 func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard, judge RemoteJudge) (peers []mesh.Peer, problems []error) {
 	mnodes := make([]mesh.Node, 0, len(nodes))
 	for _, n := range nodes {
-		mn, _ := NodeFromObject(n, ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
+		mn, _ := convert.NodeFromObject(n, convert.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		mnodes = append(mnodes, mn)
 	}
 	peers, refused, err := mesh.RemotePeers(mesh.RemoteLink{
@@ -224,7 +193,7 @@ func remoteLocal(nodes []mesh.Node, g mesh.Granularity, judge RemoteJudge) mesh.
 	if judge == nil {
 		return mesh.Local{}
 	}
-	d := judge(LocationKeys(nodes, g))
+	d := judge(convert.LocationKeys(nodes, g))
 	return mesh.Local{Live: d.Live, Settling: d.Settling}
 }
 
@@ -284,7 +253,7 @@ func APIServerAddrs(cfg *rest.Config) []netip.Addr {
 // The link kubeconfig verifies `from`'s API server with the CA of from's
 // client configuration; without one GrantLink refuses before changing
 // anything (GrantLinkWithOptions with InsecureSkipTLSVerify overrides).
-func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, toName, namespace string) error {
+func GrantLink(ctx context.Context, from *connect.Clients, fromSettings LinkSettings, server string, to *connect.Clients, toName, namespace string) error {
 	return GrantLinkWithOptions(ctx, from, fromSettings, to, toName, namespace, GrantOptions{Server: server})
 }
 
@@ -304,7 +273,7 @@ type GrantOptions struct {
 var ErrNoCA = errors.New("its kubeconfig has no CA data (certificate-authority-data or certificate-authority), so the link could not verify its API server; add the CA, or accept an unverified link with --insecure-skip-tls-verify")
 
 // GrantLinkWithOptions is GrantLink with options.
-func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkSettings, to *Clients, toName, namespace string, o GrantOptions) error {
+func GrantLinkWithOptions(ctx context.Context, from *connect.Clients, fromSettings LinkSettings, to *connect.Clients, toName, namespace string, o GrantOptions) error {
 	if err := errors.Join(validName(fromSettings.Name), validName(toName)); err != nil {
 		return err
 	}
@@ -320,7 +289,7 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 	if _, err := k.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("cluster %s: namespace %s (is meshd installed?): %w", fromSettings.Name, namespace, err)
 	}
-	labels := map[string]string{LabelManagedBy: ManagedBy}
+	labels := map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}
 	if err := ensureLinkReader(ctx, k, fromSettings.Name, namespace, labels); err != nil {
 		return err
 	}
@@ -333,7 +302,7 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 
 // linkCA is the CA the link kubeconfig verifies `from`'s API server with;
 // none is an error (ErrNoCA) unless insecure.
-func linkCA(from *Clients, name string, insecure bool) ([]byte, error) {
+func linkCA(from *connect.Clients, name string, insecure bool) ([]byte, error) {
 	ca := from.Config.CAData
 	if len(ca) == 0 && from.Config.CAFile != "" {
 		var err error
@@ -387,7 +356,7 @@ func ensureLinkReader(ctx context.Context, k kubernetes.Interface, cluster, name
 
 // writeLinkSecret creates (or updates) in `to` the link Secret: a
 // kubeconfig for token and from's settings.
-func writeLinkSecret(ctx context.Context, to *Clients, namespace string, fromSettings LinkSettings, server string, ca []byte, token string, expires time.Time) error {
+func writeLinkSecret(ctx context.Context, to *connect.Clients, namespace string, fromSettings LinkSettings, server string, ca []byte, token string, expires time.Time) error {
 	kc, err := clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
 		AuthInfos:      map[string]*clientcmdapi.AuthInfo{LinkReader: {Token: token}},
@@ -400,7 +369,7 @@ func writeLinkSecret(ctx context.Context, to *Clients, namespace string, fromSet
 	link := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: LinkSecretPrefix + fromSettings.Name, Namespace: namespace,
-			Labels:      map[string]string{LabelClusterLink: "true", LabelManagedBy: ManagedBy},
+			Labels:      map[string]string{LabelClusterLink: "true", liveness.LabelManagedBy: liveness.ManagedBy},
 			Annotations: fromSettings.annotations(),
 		},
 		Data: map[string][]byte{LinkKubeconfigKey: kc},
@@ -432,7 +401,7 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, na
 	sc := k.CoreV1().Secrets(namespace)
 	anchor, err := sc.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels,
-			Annotations: map[string]string{AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
+			Annotations: map[string]string{convert.AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
 		Type: corev1.SecretTypeOpaque,
 	}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -507,7 +476,7 @@ func LinkTokenAnchor(toName string) string { return LinkReader + "-token-" + toN
 // RevokeLink removes what GrantLink made: the link Secret in `to`, and the
 // token anchor Secret of `to` in `from` (the reader ServiceAccount and role
 // stay for other links; deleting the anchor invalidates the token bound to it).
-func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, toName, namespace string) error {
+func RevokeLink(ctx context.Context, from *connect.Clients, fromName string, to *connect.Clients, toName, namespace string) error {
 	var errs []error
 	if err := to.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkSecretPrefix+fromName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("deleting link Secret %s/%s%s: %w", namespace, LinkSecretPrefix, fromName, err))

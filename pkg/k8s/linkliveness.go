@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // LinkLiveness judges the nodes of linked clusters the way those clusters'
@@ -41,7 +42,7 @@ type LinkLiveness struct {
 type remoteLeases struct {
 	kc       []byte
 	cancel   context.CancelFunc
-	liveness *Liveness
+	liveness *liveness.Liveness
 	leases   cache.SharedIndexInformer
 }
 
@@ -120,7 +121,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building a client for %s: %w", cfg.Host, err)
 	}
-	l := NewLiveness(w.timeout, w.now)
+	l := liveness.NewLiveness(w.timeout, w.now)
 	l.SetTakeoverDelay(w.takeover)
 	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
 	observe := func(o any) {
@@ -139,7 +140,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 				o = t.Obj
 			}
 			if lease, ok := o.(*coordinationv1.Lease); ok {
-				if node, mine := NodeNameFromLease(lease); mine {
+				if node, mine := liveness.NodeNameFromLease(lease); mine {
 					l.Forget(node)
 					w.onChange()
 				}
@@ -192,10 +193,10 @@ func (w *LinkLiveness) NextChange() (t time.Time, ok bool) {
 	return t, ok
 }
 
-func (w *LinkLiveness) all() []*Liveness {
+func (w *LinkLiveness) all() []*liveness.Liveness {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]*Liveness, 0, len(w.remotes))
+	out := make([]*liveness.Liveness, 0, len(w.remotes))
 	for _, r := range w.remotes {
 		out = append(out, r.liveness)
 	}

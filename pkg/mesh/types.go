@@ -5,7 +5,7 @@
 // Plan, which is what lets every node agree on leaders and mesh addresses.
 //
 // Out of scope: every input and output. The Kubernetes objects are converted
-// by pkg/k8s, and the Plan is applied by the executors pkg/wg, pkg/route and
+// by pkg/k8s/convert, and the Plan is applied by the executors pkg/wg, pkg/route and
 // pkg/iptables; this package imports only the standard library and wgtypes.
 package mesh
 

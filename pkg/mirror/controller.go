@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // Options tune the Controller. Zero values take the defaults.
@@ -517,7 +517,7 @@ func (c *Controller) ensureNamespace(ctx context.Context, k Key) (bool, error) {
 		c.block(k, k.Namespace+":")
 		return false, nil
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.Namespace, Labels: map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.Namespace, Labels: map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}}}
 	if _, err := c.local.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return false, fmt.Errorf("creating namespace %s for the mirror of %s: %w", k.Namespace, k, err)
 	}

@@ -15,15 +15,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // Labels and annotations of the mirrors.
 const (
 	// LabelMirroredFromCluster names the source cluster of a mirror.
-	LabelMirroredFromCluster = k8s.AnnotationPrefix + "mirrored-from-cluster"
+	LabelMirroredFromCluster = convert.AnnotationPrefix + "mirrored-from-cluster"
 	// AnnotationMirroredFrom is the source Service of a mirror, namespace/name.
-	AnnotationMirroredFrom = k8s.AnnotationPrefix + "mirrored-from"
+	AnnotationMirroredFrom = convert.AnnotationPrefix + "mirrored-from"
 	// ManagedByMirror is the endpointslice.kubernetes.io/managed-by value of
 	// the EndpointSlices of mirrors, so the EndpointSlice controllers leave
 	// them alone. (A label value cannot contain "/", so not "meshd.io/mirror";
@@ -65,7 +66,7 @@ func validMirrorName(name string) error {
 func ownerKey(o metav1.Object) (Key, bool) {
 	l := o.GetLabels()
 	cluster := l[LabelMirroredFromCluster]
-	if cluster == "" || l[k8s.LabelManagedBy] != k8s.ManagedBy {
+	if cluster == "" || l[liveness.LabelManagedBy] != liveness.ManagedBy {
 		return Key{}, false
 	}
 	ns, name, ok := strings.Cut(o.GetAnnotations()[AnnotationMirroredFrom], "/")
@@ -85,7 +86,7 @@ func mirrorMeta(k Key, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{
 		Name:        name,
 		Namespace:   k.Namespace,
-		Labels:      map[string]string{k8s.LabelManagedBy: k8s.ManagedBy, LabelMirroredFromCluster: k.Cluster},
+		Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy, LabelMirroredFromCluster: k.Cluster},
 		Annotations: map[string]string{AnnotationMirroredFrom: k.source()},
 	}
 }

@@ -12,7 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 type mirrorFuzz []byte
@@ -215,7 +215,7 @@ func FuzzDesiredSlices(f *testing.F) {
 			names[sl.Name] = true
 			if sl.Namespace != k.Namespace || !ownedBy(sl, k) ||
 				sl.Labels[discoveryv1.LabelServiceName] != name || sl.Labels[discoveryv1.LabelManagedBy] != ManagedByMirror ||
-				sl.Labels[k8s.LabelManagedBy] != k8s.ManagedBy || sl.Annotations[AnnotationMirroredFrom] != k.source() {
+				sl.Labels[liveness.LabelManagedBy] != liveness.ManagedBy || sl.Annotations[AnnotationMirroredFrom] != k.source() {
 				t.Errorf("slice %s: namespace %q, labels %v, annotations %v", sl.Name, sl.Namespace, sl.Labels, sl.Annotations)
 			}
 			for lk, lv := range sl.Labels {

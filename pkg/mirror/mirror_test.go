@@ -22,6 +22,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // checkMirror waits until ns/name mirrors a Service with ports and one
@@ -36,7 +37,7 @@ func (e *env) checkMirror(ns, name, cluster, source, ip string, ready bool, port
 		if s.Spec.Selector != nil {
 			return fmt.Errorf("mirror has a selector %v", s.Spec.Selector)
 		}
-		if s.Labels[LabelMirroredFromCluster] != cluster || s.Labels[k8s.LabelManagedBy] != k8s.ManagedBy || s.Annotations[AnnotationMirroredFrom] != source {
+		if s.Labels[LabelMirroredFromCluster] != cluster || s.Labels[liveness.LabelManagedBy] != liveness.ManagedBy || s.Annotations[AnnotationMirroredFrom] != source {
 			return fmt.Errorf("mirror labels %v annotations %v", s.Labels, s.Annotations)
 		}
 		var got []int32
@@ -410,10 +411,10 @@ func TestNeverDeletesWhatItDoesNotOwn(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}
 	// Same name as a mirror, labelled by someone else's tool.
 	lookalike := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop",
-		Labels: map[string]string{k8s.LabelManagedBy: "helm"}}}
+		Labels: map[string]string{liveness.LabelManagedBy: "helm"}}}
 	// A meshd mirror of a cluster this process does not manage.
 	other := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: "shop",
-		Labels:      map[string]string{k8s.LabelManagedBy: k8s.ManagedBy, LabelMirroredFromCluster: "elsewhere"},
+		Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy, LabelMirroredFromCluster: "elsewhere"},
 		Annotations: map[string]string{AnnotationMirroredFrom: "shop/api"}}}
 	r := shopRemote("c1")
 	e := start(t, Options{}, []runtime.Object{ns, lookalike, other}, r)
@@ -434,7 +435,7 @@ func TestNeverDeletesWhatItDoesNotOwn(t *testing.T) {
 		return nil
 	})
 	s, _ := e.service("shop", "web")
-	if s.Labels[k8s.LabelManagedBy] != "helm" || s.Labels[LabelMirroredFromCluster] != "" {
+	if s.Labels[liveness.LabelManagedBy] != "helm" || s.Labels[LabelMirroredFromCluster] != "" {
 		t.Errorf("foreign Service changed: %v", s.Labels)
 	}
 }
@@ -457,7 +458,7 @@ func TestWatchLinks(t *testing.T) {
 	}
 	// A mirror of a cluster no longer linked: an orphan to delete.
 	orphan := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "old", Namespace: "shop",
-		Labels:      map[string]string{k8s.LabelManagedBy: k8s.ManagedBy, LabelMirroredFromCluster: "gone"},
+		Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy, LabelMirroredFromCluster: "gone"},
 		Annotations: map[string]string{AnnotationMirroredFrom: "shop/old"}}}
 	e := start(t, Options{}, []runtime.Object{link, orphan})
 	var built atomic.Int32
@@ -487,7 +488,7 @@ func TestWatchLinks(t *testing.T) {
 
 func TestStandaloneKeepsOtherClustersMirrors(t *testing.T) {
 	other := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: "shop",
-		Labels:      map[string]string{k8s.LabelManagedBy: k8s.ManagedBy, LabelMirroredFromCluster: "c9"},
+		Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy, LabelMirroredFromCluster: "c9"},
 		Annotations: map[string]string{AnnotationMirroredFrom: "shop/api"}}}
 	e := start(t, Options{}, []runtime.Object{other}, shopRemote("c1"))
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)

@@ -10,7 +10,7 @@
 // A reply also carries the responder's own health (Options.Healthy: can it
 // forward at all); an unhealthy reply counts as no reply. The Prober only
 // observes: what the states mean for leader election is decided elsewhere
-// (meshd publishes them in its heartbeat Lease, see pkg/k8s). It imports
+// (meshd publishes them in its heartbeat Lease, see pkg/k8s/liveness). It imports
 // nothing of meshd and nothing of Kubernetes.
 //
 // Wire format (16 bytes, both directions): "mshp", version 1, kind (1
@@ -20,8 +20,8 @@
 // look alive (but can equally drop WireGuard traffic).
 //
 // Out of scope: which targets to probe and what their states mean for leader
-// election (cmd/meshd and pkg/k8s's Liveness decide), publishing the results
-// (the heartbeat Lease, pkg/k8s) and any other route or rule (pkg/route).
+// election (cmd/meshd and pkg/k8s/liveness decide), publishing the results
+// (the heartbeat Lease, pkg/k8s/liveness) and any other route or rule (pkg/route).
 package probe
 
 import (

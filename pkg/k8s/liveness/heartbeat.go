@@ -1,4 +1,4 @@
-package k8s
+package liveness
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // Heartbeat Lease naming and labels.
@@ -22,7 +23,7 @@ const (
 	// LeasePrefix prefixes a node's Lease name: meshd-<node>.
 	LeasePrefix = "meshd-"
 	// LabelNode labels a heartbeat Lease with its node's name.
-	LabelNode = AnnotationPrefix + "node"
+	LabelNode = convert.AnnotationPrefix + "node"
 	// LabelManagedBy/ManagedBy mark the objects meshd creates.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedBy      = "meshd"
@@ -184,7 +185,7 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 		l, err := leases.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			created, err := leases.Create(ctx, h.build(&coordinationv1.Lease{}, now), metav1.CreateOptions{FieldManager: FieldManager})
+			created, err := leases.Create(ctx, h.build(&coordinationv1.Lease{}, now), metav1.CreateOptions{FieldManager: convert.FieldManager})
 			if err != nil {
 				return fmt.Errorf("creating Lease %s/%s: %w", h.namespace, name, err)
 			}
@@ -195,7 +196,7 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 		}
 		h.lease = l
 	}
-	updated, err := leases.Update(ctx, h.build(h.lease.DeepCopy(), now), metav1.UpdateOptions{FieldManager: FieldManager})
+	updated, err := leases.Update(ctx, h.build(h.lease.DeepCopy(), now), metav1.UpdateOptions{FieldManager: convert.FieldManager})
 	if err != nil {
 		h.lease = nil // re-read next time (conflict, deleted, ...)
 		return fmt.Errorf("renewing Lease %s/%s: %w", h.namespace, name, err)

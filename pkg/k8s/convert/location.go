@@ -1,4 +1,4 @@
-package k8s
+package convert
 
 import "meshd.io/meshd/pkg/mesh"
 

@@ -1,7 +1,6 @@
-package k8s
+package convert
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -42,7 +42,7 @@ func PeerFromObject(p *v1alpha1.Peer, secretLookup func(ns, name, key string) ([
 		return fail("spec.allowedIPs is empty")
 	}
 	for i, s := range p.Spec.AllowedIPs {
-		ps, err := parsePrefixes([]string{s})
+		ps, err := ParsePrefixes([]string{s})
 		if err != nil {
 			return fail("spec.allowedIPs[%d]: %w", i, err)
 		}
@@ -83,25 +83,11 @@ func PeerFromObject(p *v1alpha1.Peer, secretLookup func(ns, name, key string) ([
 		if err != nil {
 			return fail("reading the preshared key from %s: %w", where, err)
 		}
-		psk, err := parsePresharedKey(raw)
+		psk, err := secrets.ParsePresharedKey(raw)
 		if err != nil {
 			return fail("preshared key in %s: %w", where, err)
 		}
 		out.PresharedKey = &psk
 	}
 	return out, nil
-}
-
-// parsePresharedKey accepts base64 text (surrounding white space ignored)
-// or 32 raw bytes.
-func parsePresharedKey(raw []byte) (wgtypes.Key, error) {
-	if t := bytes.TrimSpace(raw); len(t) == 44 {
-		if k, err := wgtypes.ParseKey(string(t)); err == nil {
-			return k, nil
-		}
-	}
-	if len(raw) == wgtypes.KeyLen {
-		return wgtypes.NewKey(raw)
-	}
-	return wgtypes.Key{}, fmt.Errorf("want a base64-encoded 32-byte key (as printed by wg genpsk) or 32 raw bytes, got %d bytes", len(raw))
 }

@@ -1,4 +1,4 @@
-package k8s
+package liveness
 
 import (
 	"maps"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // Annotations on a heartbeat Lease: the data-plane probe results its node
@@ -15,9 +16,9 @@ import (
 // nodes the node never heard from are in neither.
 const (
 	// AnnotationProbeUp lists the nodes that answer this node's probes.
-	AnnotationProbeUp = AnnotationPrefix + "probe-up"
+	AnnotationProbeUp = convert.AnnotationPrefix + "probe-up"
 	// AnnotationProbeDown lists the nodes that answered before and stopped.
-	AnnotationProbeDown = AnnotationPrefix + "probe-down"
+	AnnotationProbeDown = convert.AnnotationPrefix + "probe-down"
 )
 
 // Report is what one node says about the others it probes.
@@ -27,7 +28,7 @@ type Report struct {
 
 // ReportFromLease reads the probe results published on a heartbeat Lease.
 func ReportFromLease(l *coordinationv1.Lease) Report {
-	return Report{Up: splitList(l.Annotations[AnnotationProbeUp]), Down: splitList(l.Annotations[AnnotationProbeDown])}
+	return Report{Up: convert.SplitList(l.Annotations[AnnotationProbeUp]), Down: convert.SplitList(l.Annotations[AnnotationProbeDown])}
 }
 
 func (r Report) equal(o Report) bool {

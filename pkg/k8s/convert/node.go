@@ -1,4 +1,4 @@
-package k8s
+package convert
 
 import (
 	"encoding/json"
@@ -105,7 +105,7 @@ var nodeAnnotations = []struct {
 	}},
 	{AnnotationForceEndpoint, parseForceEndpointAnnotation},
 	{AnnotationAllowedLocationIPs, func(p *nodeParse, v string) (err error) {
-		p.node.AllowedLocationIPs, err = parsePrefixes(splitList(v))
+		p.node.AllowedLocationIPs, err = ParsePrefixes(SplitList(v))
 		return err
 	}},
 	{AnnotationPersistentKeepalive, parseKeepaliveAnnotation},
@@ -179,7 +179,7 @@ func (p *nodeParse) podCIDRs(n *corev1.Node) error {
 	if len(podCIDRs) == 0 {
 		return nil
 	}
-	ps, err := parsePrefixes(podCIDRs)
+	ps, err := ParsePrefixes(podCIDRs)
 	if err != nil {
 		return &AnnotationError{Annotation: field, Value: strings.Join(podCIDRs, ","), Err: err}
 	}
@@ -328,8 +328,8 @@ func firstExternal(n *corev1.Node, candidates []netip.Addr) netip.Addr {
 	return candidates[0]
 }
 
-// splitList splits a comma separated list, dropping empty entries.
-func splitList(s string) []string {
+// SplitList splits a comma separated list, dropping empty entries.
+func SplitList(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		if f = strings.TrimSpace(f); f != "" {
@@ -344,7 +344,7 @@ func splitList(s string) []string {
 // result is IPv4 first.
 func parseAddrList(s string, allowCIDR bool) ([]netip.Addr, error) {
 	var v4, v6 netip.Addr
-	for _, f := range splitList(s) {
+	for _, f := range SplitList(s) {
 		ip, err := netip.ParseAddr(f)
 		if err != nil && allowCIDR {
 			if p, perr := netip.ParsePrefix(f); perr == nil {
@@ -379,8 +379,8 @@ func parseAddrList(s string, allowCIDR bool) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// parsePrefixes parses CIDRs, masking host bits.
-func parsePrefixes(ss []string) ([]netip.Prefix, error) {
+// ParsePrefixes parses CIDRs, masking host bits.
+func ParsePrefixes(ss []string) ([]netip.Prefix, error) {
 	if len(ss) == 0 {
 		return nil, errors.New("no CIDRs")
 	}

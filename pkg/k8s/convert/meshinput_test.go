@@ -1,4 +1,4 @@
-package k8s
+package convert
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/secrets"
 )
 
 func TestNewMeshInput(t *testing.T) {
@@ -74,7 +75,7 @@ func TestNewMeshInputCachedAndStale(t *testing.T) {
 	}}
 	in := NewMeshInput(context.Background(), nil, []*v1alpha1.Peer{p}, MeshInputOptions{
 		Secret: func(ns, name, key string) ([]byte, error) {
-			return []byte(psk.String()), &StaleError{Err: errors.New("Secret meshd-system/psk not found")}
+			return []byte(psk.String()), &secrets.StaleError{Err: errors.New("Secret meshd-system/psk not found")}
 		},
 		Resolve: func(context.Context, string) ([]netip.Addr, error) {
 			t.Error("live DNS lookup with a cache")

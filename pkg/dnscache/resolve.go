@@ -1,4 +1,4 @@
-package k8s
+package dnscache
 
 import (
 	"context"
@@ -181,11 +181,11 @@ func (r *Resolver) lookup(ctx context.Context, host string) (netip.Addr, error) 
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	return pickAddr(as)
+	return PickAddr(as)
 }
 
-// pickAddr prefers IPv4.
-func pickAddr(as []netip.Addr) (netip.Addr, error) {
+// PickAddr prefers IPv4.
+func PickAddr(as []netip.Addr) (netip.Addr, error) {
 	if len(as) == 0 {
 		return netip.Addr{}, errors.New("no addresses")
 	}

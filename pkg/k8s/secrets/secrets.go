@@ -1,10 +1,12 @@
-package k8s
+package secrets
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -49,7 +51,7 @@ func NewPresharedKeys(store SecretGetter, namespace string) *PresharedKeys {
 func (p *PresharedKeys) Lookup(namespace, name, key string) ([]byte, error) {
 	v, err := p.current(namespace, name, key)
 	if err == nil {
-		if _, perr := parsePresharedKey(v); perr != nil {
+		if _, perr := ParsePresharedKey(v); perr != nil {
 			err = fmt.Errorf("key %q of Secret %s/%s: %w", key, namespace, name, perr)
 		}
 	}
@@ -86,4 +88,18 @@ func (p *PresharedKeys) current(namespace, name, key string) ([]byte, error) {
 		return nil, fmt.Errorf("Secret %s/%s has no key %q", namespace, name, key)
 	}
 	return v, nil
+}
+
+// ParsePresharedKey parses a preshared key as a Secret holds it: base64
+// text (surrounding white space ignored) or 32 raw bytes.
+func ParsePresharedKey(raw []byte) (wgtypes.Key, error) {
+	if t := bytes.TrimSpace(raw); len(t) == 44 {
+		if k, err := wgtypes.ParseKey(string(t)); err == nil {
+			return k, nil
+		}
+	}
+	if len(raw) == wgtypes.KeyLen {
+		return wgtypes.NewKey(raw)
+	}
+	return wgtypes.Key{}, fmt.Errorf("want a base64-encoded 32-byte key (as printed by wg genpsk) or 32 raw bytes, got %d bytes", len(raw))
 }

@@ -1,4 +1,4 @@
-package k8s
+package convert
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"meshd.io/meshd/pkg/dnscache"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -26,7 +28,7 @@ type MeshInputOptions struct {
 	Resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
 	ResolveTimeout time.Duration
 	// Cached, when set, replaces Resolve: it answers from a cache without
-	// blocking (a [Resolver]'s Lookup). The daemon uses it so its reconcile
+	// blocking (a [dnscache.Resolver]'s Lookup). The daemon uses it so its reconcile
 	// never waits on DNS.
 	Cached func(host string) (netip.Addr, error)
 	// APIServers are the API server's addresses, which no Peer may route
@@ -78,7 +80,7 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		if lookup != nil {
 			lookup = func(ns, name, key string) ([]byte, error) {
 				v, err := o.Secret(ns, name, key)
-				if se := (*StaleError)(nil); errors.As(err, &se) {
+				if se := (*secrets.StaleError)(nil); errors.As(err, &se) {
 					stale = append(stale, fmt.Errorf("peer %q: %w", obj.Name, err))
 					return v, nil
 				}
@@ -119,7 +121,7 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 // reports it as a problem of that Peer (routing it into the tunnel would
 // loop or cut the node off). The Peer keeps its other allowed IPs.
 func GuardPeers(in *MeshInput, apiServers ...netip.Addr) {
-	protected := LocalGuard(mesh.Options{}, in.Nodes, apiServers...).Protected
+	protected := mesh.LocalGuard(mesh.Options{}, in.Nodes, apiServers...).Protected
 	for _, p := range in.Peers {
 		if a := p.Endpoint.Addr.Addr(); a.IsValid() {
 			protected = append(protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of Peer " + p.Name})
@@ -160,5 +162,5 @@ func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr,
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	return pickAddr(as)
+	return dnscache.PickAddr(as)
 }

@@ -1,0 +1,17 @@
+// Package convert translates between meshd's Kubernetes objects and the
+// planner's types, in both directions. Inwards: Node objects become
+// mesh.Node through a table of annotation parsers (NodeFromObject), Peer
+// objects become mesh.Peer (PeerFromObject), and NewMeshInput assembles the
+// planner input of a snapshot, with malformed annotations and unusable
+// Peers reported (*AnnotationError, MeshInput.Problems), never fatal; the
+// location keys liveness is judged by come from here too. Outwards: the
+// annotations meshd publishes on its own Node (NodeAnnotations,
+// AnnotationPatch, PublishNode) and the hysteresis of discovered endpoints.
+// It names every meshd annotation (annotations.go).
+//
+// Out of scope: planning (pkg/mesh decides; this package only converts),
+// heartbeat Leases and liveness (pkg/k8s/liveness), links to other clusters
+// (pkg/k8s), reading Secrets (pkg/k8s/secrets: a SecretLookup is passed in),
+// the DNS cache (pkg/dnscache: the daemon passes its cached lookup) and
+// every kernel change (the executors).
+package convert
