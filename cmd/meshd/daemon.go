@@ -56,7 +56,7 @@ type daemon struct {
 	queue                workqueue.TypedRateLimitingInterface[string]
 	coalesce             *coalescer
 	routes               *route.Manager
-	device               *device
+	device               *wg.Manager
 	links                *k8s.LinkWatcher
 	stopEvents           func() // flushes and stops the Event broadcaster
 	// prober and probeChanged: the data-plane failover signal (failover.go).
@@ -83,7 +83,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if mtu == 0 {
 		mtu = facts.wireGuardMTU()
 	}
-	dev, err := openDevice(context.Background(), log, wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
+	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
@@ -325,8 +325,9 @@ func (d *daemon) Run(ctx context.Context) error {
 	add(func(rctx context.Context) error {
 		return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
 	})
-	// The WireGuard interface deleted or recreated: its routes went with it.
-	add(func(lctx context.Context) error { return wg.WatchLink(lctx, d.log, d.cfg.Interface, d.enqueue) })
+	// The WireGuard interface: put back when deleted or recreated (its
+	// routes went with it, so reconcile), first handshakes retried.
+	add(func(lctx context.Context) error { return d.device.Run(lctx, d.enqueue) })
 	if d.links != nil { // linked clusters and their nodes' liveness
 		add(d.links.Run)
 		add(d.rec.linkLive.Run)
@@ -394,7 +395,6 @@ func (d *daemon) work(ctx context.Context) error {
 		} else {
 			d.queue.Forget(key)
 		}
-		d.device.scheduleHandshakeRetries()
 		d.queue.Done(key)
 	}
 }

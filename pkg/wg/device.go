@@ -433,11 +433,11 @@ func (d *Device) awaitHandshakes(own wgtypes.Key, nudged []wgtypes.Key, recreate
 	}
 }
 
-// RetryHandshakes re-creates, from their current configuration, the peers
+// retryHandshakes re-creates, from their current configuration, the peers
 // whose first handshake is overdue (see handshakeRetries): a Remove and a
 // re-add with the first handshake nudged, in one ConfigureDevice call. Set
 // never does this, so Set stays a pure diff of desired against actual.
-func (d *Device) RetryHandshakes() error {
+func (d *Device) retryHandshakes() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed || len(d.pending) == 0 {
@@ -489,9 +489,9 @@ func netipx(n net.IPNet) (netip.Prefix, bool) {
 	return netip.PrefixFrom(a.Unmap(), ones), true
 }
 
-// HandshakeCheckDue reports when RetryHandshakes should run to retry first
+// handshakeCheckDue reports when retryHandshakes should run to retry first
 // handshakes that have not completed (false: nothing to check).
-func (d *Device) HandshakeCheckDue() (time.Duration, bool) {
+func (d *Device) handshakeCheckDue() (time.Duration, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {

@@ -21,6 +21,13 @@
 // right after. So a restarted in-process device handshakes with all its peers
 // immediately instead of waiting for traffic.
 //
+// A Manager owns the interface for the daemon's life, like route.Manager:
+// Set applies the desired Config (opening the interface again when it has
+// disappeared) and Run is the one worker that follows the interface between
+// Sets — it puts back a deleted, replaced or downed interface with the last
+// desired Config and asks for a reconcile, and re-creates the peers whose
+// first handshake is overdue. No timer outside Run writes to the device.
+//
 // The in-process device keeps every socket it opens (UDP, route listener) in
 // the network namespace of the thread that called Open or RunDevice, even when
 // other namespaces exist in the same process (as in tests).

@@ -44,6 +44,14 @@ func (f *FakeClient) AddDevice(name string) {
 	f.devices[name] = &wgtypes.Device{Name: name, Type: wgtypes.Userspace}
 }
 
+// RemoveDevice deletes the device named name, as when its interface is
+// deleted.
+func (f *FakeClient) RemoveDevice(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.devices, name)
+}
+
 // Device returns a deep copy of the device's state.
 func (f *FakeClient) Device(name string) (*wgtypes.Device, error) {
 	f.mu.Lock()
@@ -220,6 +228,13 @@ func (f *FakeLinks) AddLink(name string, index, mtu int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.links[name] = &LinkState{Index: index, MTU: mtu}
+}
+
+// RemoveLink deletes the link named name.
+func (f *FakeLinks) RemoveLink(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.links, name)
 }
 
 func (f *FakeLinks) get(name string) (*LinkState, error) {

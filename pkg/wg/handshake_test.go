@@ -40,7 +40,7 @@ func handshakeDevice(t *testing.T, own wgtypes.Key, peer wgtypes.Key, clock *tim
 }
 
 // TestHandshakeRetryStaggered: a peer with no handshake a second after it
-// was added is re-created (a fresh initiation) by RetryHandshakes on the lower
+// was added is re-created (a fresh initiation) by retryHandshakes on the lower
 // key's side; the higher key's side waits longer; at most handshakeMaxRetries
 // times, never once a handshake happened, and never by Set (a pure diff).
 func TestHandshakeRetryStaggered(t *testing.T) {
@@ -48,11 +48,11 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock := time.Unix(1000, 0)
 
 	d, fc, cfg := handshakeDevice(t, low, high, &clock)
-	if due, ok := d.HandshakeCheckDue(); !ok || due != handshakeRetryAfter {
+	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeRetryAfter {
 		t.Fatalf("lower key: want a check due in %s, got %s %v", handshakeRetryAfter, due, ok)
 	}
 	w := d.Writes()
-	if err := d.RetryHandshakes(); err != nil || d.Writes() != w {
+	if err := d.retryHandshakes(); err != nil || d.Writes() != w {
 		t.Fatalf("before the retry delay nothing may be retried (%v)", err)
 	}
 	clock = clock.Add(10 * handshakeRetryAfter)
@@ -63,7 +63,7 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	for i := 1; i <= handshakeMaxRetries; i++ {
 		clock = clock.Add(handshakeRetryAfter)
 		fc.SetReceived("hs0", high.PublicKey(), 148) // its crossed initiation reached us
-		if err := d.RetryHandshakes(); err != nil {
+		if err := d.retryHandshakes(); err != nil {
 			t.Fatal(err)
 		}
 		if d.Writes() != w+uint64(i) {
@@ -77,13 +77,13 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock = clock.Add(handshakeRetryAfter)
 	fc.SetReceived("hs0", high.PublicKey(), 148)
 	w = d.Writes()
-	if err := d.RetryHandshakes(); err != nil || d.Writes() != w {
+	if err := d.retryHandshakes(); err != nil || d.Writes() != w {
 		t.Fatalf("more than %d retries", handshakeMaxRetries)
 	}
 	if err := d.Set(cfg); err != nil || d.Writes() != w {
 		t.Fatalf("Set after the retries must write nothing (%v)", err)
 	}
-	if _, ok := d.HandshakeCheckDue(); ok {
+	if _, ok := d.handshakeCheckDue(); ok {
 		t.Fatal("no check may be due after the last retry")
 	}
 
@@ -91,16 +91,16 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock = time.Unix(1000, 0)
 	d2, fc2, _ := handshakeDevice(t, high, low, &clock)
 	fc2.SetReceived("hs0", low.PublicKey(), 148)
-	if due, ok := d2.HandshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
+	if due, ok := d2.handshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
 		t.Fatalf("higher key: want a check due in %s, got %s %v", handshakeRetryAfterHigh, due, ok)
 	}
 	clock = clock.Add(handshakeRetryAfter)
 	w = d2.Writes()
-	if err := d2.RetryHandshakes(); err != nil || d2.Writes() != w {
+	if err := d2.retryHandshakes(); err != nil || d2.Writes() != w {
 		t.Fatal("higher key side re-created the peer as early as the lower one")
 	}
 	clock = clock.Add(handshakeRetryAfterHigh)
-	if err := d2.RetryHandshakes(); err != nil || d2.Writes() != w+1 {
+	if err := d2.retryHandshakes(); err != nil || d2.Writes() != w+1 {
 		t.Fatal("higher key side did not retry after its longer delay")
 	}
 
@@ -110,14 +110,14 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	d4, _, _ := handshakeDevice(t, low, high, &clock)
 	clock = clock.Add(handshakeRetryAfter)
 	w = d4.Writes()
-	if err := d4.RetryHandshakes(); err != nil || d4.Writes() != w+1 {
+	if err := d4.retryHandshakes(); err != nil || d4.Writes() != w+1 {
 		t.Fatal("a silent peer must be retried once")
 	}
 	clock = clock.Add(handshakeRetryAfter)
-	if err := d4.RetryHandshakes(); err != nil || d4.Writes() != w+1 {
+	if err := d4.retryHandshakes(); err != nil || d4.Writes() != w+1 {
 		t.Fatal("re-created a silent peer twice")
 	}
-	if _, ok := d4.HandshakeCheckDue(); ok {
+	if _, ok := d4.handshakeCheckDue(); ok {
 		t.Fatal("a checked silent peer must not schedule more checks")
 	}
 
@@ -127,10 +127,10 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	fc3.SetHandshake("hs0", high.PublicKey(), clock)
 	clock = clock.Add(2 * handshakeRetryAfter)
 	w = d3.Writes()
-	if err := d3.RetryHandshakes(); err != nil || d3.Writes() != w {
+	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w {
 		t.Fatal("re-created a peer that completed its handshake")
 	}
-	if _, ok := d3.HandshakeCheckDue(); ok {
+	if _, ok := d3.handshakeCheckDue(); ok {
 		t.Fatal("no check may be due after a handshake")
 	}
 }

@@ -11,17 +11,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// WatchLink calls changed when the interface name appears (a new link: a
-// new index), disappears, or goes down, until ctx ends. Deleting a link
+// watchLink calls changed when the interface name appears (a new link: a
+// new index), disappears, or goes down, until ctx ends (Manager.Run's link
+// watch; ns nil: the calling thread's namespace). Deleting a link
 // takes its routes along, and the kernel does not report each route's
 // removal (IPv4 flushes them silently), so this is how the daemon learns
 // at once that its interface and routes need putting back (in the e2e:
 // 8-48 ms instead of ~370 ms). After a subscription error it resubscribes
 // (calling changed, since events may have been missed).
-func WatchLink(ctx context.Context, log *slog.Logger, name string, changed func()) error {
-	return watchLink(ctx, log, nil, name, changed)
-}
-
 func watchLink(ctx context.Context, log *slog.Logger, ns *netns.NsHandle, name string, changed func()) error {
 	const maxBackoff = 10 * time.Second
 	backoff := 100 * time.Millisecond
