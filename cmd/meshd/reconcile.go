@@ -116,6 +116,12 @@ type reconciler struct {
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered k8s.DiscoveredEndpoints
+
+	// nextKey is the next private key of a key rotation in progress (zero:
+	// none); see rotate.go. rotationWarned: a request without a state
+	// directory was reported.
+	nextKey        wgtypes.Key
+	rotationWarned bool
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -191,6 +197,9 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.observe(time.Since(start), err)
 	}()
 
+	// A key rotation's switch starts before the plan (rotate.go).
+	sw, rotErr := r.rotationBefore(s.self(r.node))
+	defer func() { r.rotationUnfinished(sw, err) }()
 	nodes, peers, self, err := r.meshInput(ctx, s)
 	if err != nil {
 		r.metrics.fail("snapshot")
@@ -198,6 +207,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	objects, remote := peers, r.remotePeers(nodes)
 	peers = append(slices.Clip(peers), remote...)
+	known := knownKeys(nodes, peers)
 	live := r.liveness.Decide(k8s.LocationKeys(nodes, r.opts.Granularity))
 	if r.freeze != nil {
 		// The API server unreachable from here: keep the last live set
@@ -216,14 +226,19 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 
 	// Apply: every part is attempted even if another fails.
 	errs := r.execute(plan)
+	sw, errs = r.rotationExecuted(sw, errs, rotErr)
 	// The node is programmed: persist it for a restart during an API outage.
 	if len(errs) == 0 {
 		r.saveState(plan)
 	}
 	// Report: publish what other nodes need.
-	if err := r.publish(ctx, self, plan); err != nil {
+	perr := r.publish(ctx, self, plan, sw, known)
+	if perr != nil {
 		r.metrics.fail("publish")
-		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
+		errs = append(errs, fmt.Errorf("publishing node annotations: %w", perr))
+	}
+	if err := r.rotationPublished(plan, sw, perr); err != nil {
+		errs = append(errs, err)
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
 	// Ready: programmed from fresh data, everything applied and reported.
@@ -240,7 +255,7 @@ func (r *reconciler) execute(plan *mesh.Plan) []error {
 	var errs []error
 	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
 		r.metrics.fail("wireguard")
-		errs = append(errs, fmt.Errorf("configuring WireGuard: %w", err))
+		errs = append(errs, fmt.Errorf("%w: %w", errConfigureWireGuard, err))
 	}
 	if err := r.routes.Set(routes(plan), rules(plan)); err != nil {
 		r.metrics.fail("routes")
@@ -458,9 +473,38 @@ func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {
 	}
 }
 
+// errConfigureWireGuard marks a failed WireGuard write among the errors of
+// execute.
+var errConfigureWireGuard = errors.New("configuring WireGuard")
+
+// self returns the Node object of node name in the snapshot, or nil.
+func (s snapshot) self(name string) *corev1.Node {
+	for _, n := range s.nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// knownKeys are the public keys of every node and peer of the plan's input.
+func knownKeys(nodes []mesh.Node, peers []mesh.Peer) map[wgtypes.Key]bool {
+	out := make(map[wgtypes.Key]bool, len(nodes)+len(peers))
+	for _, n := range nodes {
+		out[n.PublicKey] = true
+	}
+	for _, p := range peers {
+		out[p.PublicKey] = true
+	}
+	return out
+}
+
 // publish writes this node's public facts to its Node object (only what
 // changed; nothing when equal). The private key is never published.
-func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan) error {
+// Discovered endpoints are published only for keys some node or peer still
+// has (known), so a rotated-away key disappears at once; sw is a key
+// rotation's switch in this reconcile, if any (rotate.go).
+func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan, sw *rotationSwitch, known map[wgtypes.Key]bool) error {
 	me := r.selfNode(self)
 	pub := k8s.Published{
 		PublicKey:    r.key.PublicKey(),
@@ -470,8 +514,17 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	if self.Annotations[k8s.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
 		pub.Endpoint = me.Endpoint.Addr
 	}
-	pub.DiscoveredEndpoints = me.DiscoveredEndpoints
-	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
+	for k, ap := range me.DiscoveredEndpoints {
+		if known == nil || known[k] {
+			if pub.DiscoveredEndpoints == nil {
+				pub.DiscoveredEndpoints = map[wgtypes.Key]netip.AddrPort{}
+			}
+			pub.DiscoveredEndpoints[k] = ap
+		}
+	}
+	want := k8s.NodeAnnotations(pub)
+	maps.Copy(want, r.rotationAnnotations(sw))
+	_, err := k8s.PublishNode(ctx, r.kube, r.node, want, self)
 	return err
 }
 
