@@ -133,6 +133,15 @@ var pingReply = regexp.MustCompile(`icmp_seq=(\d+) `)
 func TestRootKeyRotationLosesNothing(t *testing.T) {
 	requireRoot(t)
 	a, b := twoNodes(t, testLoggerAt(t, 0))
+	keyRotationLosesNothing(t, a, b)
+	a.dev.Delete()
+	b.dev.Delete()
+}
+
+// keyRotationLosesNothing: see TestRootKeyRotationLosesNothing (and
+// TestKernelKeyRotationLosesNothing, the same on kernel WireGuard).
+func keyRotationLosesNothing(t *testing.T, a, b *node) {
+	t.Helper()
 	mustSet(t, a.dev, a.cfg)
 	mustSet(t, b.dev, b.cfg)
 	waitHandshake(t, a.dev, time.Time{}, 5*time.Second)
@@ -176,6 +185,4 @@ func TestRootKeyRotationLosesNothing(t *testing.T) {
 	if len(st) != 1 || st[0].PublicKey != newKey.PublicKey() {
 		t.Fatalf("b's peers after the rotation: %+v", st)
 	}
-	a.dev.Delete()
-	b.dev.Delete()
 }
