@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -154,6 +155,8 @@ func TestPresharedKeyRotation(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The testbed's reset leaves Secrets alone.
+	t.Cleanup(func() { _ = secrets.Delete(context.Background(), "laptop-psk", metav1.DeleteOptions{}) })
 	if _, err := laptop.StartDevice(ctx, "wg0"); err != nil {
 		t.Fatal(err)
 	}
