@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"meshd.io/meshd/e2e/testbed"
 	"meshd.io/meshd/pkg/k8s"
 )
+
+var rotationLog = regexp.MustCompile(`time=(\S+) level=INFO msg="key rotation: (?:next key stored|done)`)
 
 // TestKeyRotation (issue 13): `meshctl rotate-key a1` on the leader of
 // location a while pods ping across it at 10 pps in both directions
@@ -67,6 +70,15 @@ func TestKeyRotation(t *testing.T) {
 		t.Fatalf("meshctl rotate-key a1: %v\n%s", err, out)
 	}
 	t.Logf("meshctl rotate-key a1 (%s, icmp_seq ~%d): %s", time.Since(start).Round(time.Millisecond), 40+time.Since(start)/(100*time.Millisecond), strings.TrimSpace(out))
+	if b, err := os.ReadFile(a1.MeshdLog()); err == nil {
+		// meshd's own view: next key stored -> switch published and committed.
+		m := rotationLog.FindAllStringSubmatch(string(b), -1)
+		if len(m) == 2 {
+			t0, _ := time.Parse(time.RFC3339Nano, m[0][1])
+			t1, _ := time.Parse(time.RFC3339Nano, m[1][1])
+			t.Logf("a1: next key stored at %s, rotation done %s later", m[0][1], t1.Sub(t0))
+		}
+	}
 	newKey := s.annotation(a1, testbed.AnnotationPublicKey)
 	if newKey == oldKey {
 		t.Fatal("a1's public key did not change")
@@ -150,13 +162,13 @@ func TestPresharedKeyRotation(t *testing.T) {
 	psk := randomKey()
 	secrets := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace)
 	if _, err := secrets.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "laptop-psk", Namespace: testbed.PeerSecretNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: "rotate-laptop-psk", Namespace: testbed.PeerSecretNamespace},
 		Data:       map[string][]byte{"psk": []byte(psk)},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The testbed's reset leaves Secrets alone.
-	t.Cleanup(func() { _ = secrets.Delete(context.Background(), "laptop-psk", metav1.DeleteOptions{}) })
+	t.Cleanup(func() { _ = secrets.Delete(context.Background(), "rotate-laptop-psk", metav1.DeleteOptions{}) })
 	if _, err := laptop.StartDevice(ctx, "wg0"); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +187,7 @@ func TestPresharedKeyRotation(t *testing.T) {
 		"allowedIPs":            []any{laptopIP + "/32"},
 		"endpoint":              map[string]any{"host": laptop.IP.String(), "port": int64(laptopPort)},
 		"persistentKeepalive":   int64(10),
-		"presharedKeySecretRef": map[string]any{"name": "laptop-psk", "namespace": testbed.PeerSecretNamespace, "key": "psk"},
+		"presharedKeySecretRef": map[string]any{"name": "rotate-laptop-psk", "namespace": testbed.PeerSecretNamespace, "key": "psk"},
 	}), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating Peer: %v", err)
 	}
@@ -228,7 +240,7 @@ func TestPresharedKeyRotation(t *testing.T) {
 	before := *d.Peer(laptopKey)
 
 	psk2 := randomKey()
-	sec, err := secrets.Get(ctx, "laptop-psk", metav1.GetOptions{})
+	sec, err := secrets.Get(ctx, "rotate-laptop-psk", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
