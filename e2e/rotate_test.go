@@ -76,7 +76,13 @@ func TestKeyRotation(t *testing.T) {
 		if len(m) == 2 {
 			t0, _ := time.Parse(time.RFC3339Nano, m[0][1])
 			t1, _ := time.Parse(time.RFC3339Nano, m[1][1])
-			t.Logf("a1: next key stored at %s, rotation done %s later", m[0][1], t1.Sub(t0))
+			obj, err := tb.NodeObject(ctx, "a1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// meshctl writes the time of its request as the request.
+			req, _ := time.Parse(time.RFC3339Nano, obj.Annotations[k8s.AnnotationRotateKey])
+			t.Logf("a1: next key stored %s after meshctl's request, rotation done %s later", t0.Sub(req), t1.Sub(t0))
 		}
 	}
 	newKey := s.annotation(a1, testbed.AnnotationPublicKey)
