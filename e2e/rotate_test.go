@@ -9,11 +9,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"meshd.io/meshd/e2e/testbed"
 	"meshd.io/meshd/pkg/k8s"
@@ -310,4 +313,92 @@ func TestPresharedKeyRotation(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestKeyRotationResumesAfterRestart (issue 13): meshd on n1 (its WireGuard
+// device in a process of its own, so the restart alone loses nothing) stops
+// in the middle of a rotation, after the prepare: the next key is stored in
+// its state directory and published as meshd.io/next-public-key (written
+// here as meshd writes them). Started again, it completes the rotation with
+// that very key: published, on the device, committed to the key file, the
+// old key gone from n2's WireGuard; at most 1 ping lost each way.
+func TestKeyRotationResumesAfterRestart(t *testing.T) {
+	s := newScenario(t, true)
+	ctx := s.ctx
+	s.location("a", false)
+	s.location("b", false)
+	n1 := s.node(testbed.NodeOptions{Name: "n1", Location: "a"})
+	n2 := s.node(testbed.NodeOptions{Name: "n2", Location: "b"})
+	if _, err := n1.StartDevice(ctx, "meshd0"); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--mesh-granularity", "full", "--wireguard", "auto"}
+	s.startMeshd([]*testbed.Node{n1, n2}, args...)
+	s.pingEventually(pod(n2), pod(n1).IP, 60*time.Second)
+	s.pingEventually(pod(n1), pod(n2).IP, 10*time.Second)
+	oldKey := s.pubKey(n1)
+
+	pings := map[string]*pingRun{
+		"n2-n1": s.startPing("ping-n2-n1", pod(n2), pod(n1), 20),
+		"n1-n2": s.startPing("ping-n1-n2", pod(n1), pod(n2), 20),
+	}
+	time.Sleep(2 * time.Second)
+	if err := n1.StopMeshd(syscall.SIGTERM, 15*time.Second); err != nil {
+		t.Fatalf("stopping meshd on n1: %v", err)
+	}
+	// What the prepare leaves behind.
+	next, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPath := filepath.Join(n1.Dir, "state", "private-key")
+	if err := os.WriteFile(keyPath+".next", []byte(next.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"restart-test",%q:%q}}}`, k8s.AnnotationRotateKey, k8s.AnnotationNextPublicKey, next.PublicKey().String())
+	if _, err := tb.Kube.CoreV1().Nodes().Patch(ctx, "n1", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	restart := time.Now()
+	if err := n1.StartMeshd(args...); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(30*time.Second, 100*time.Millisecond, "n1 completes the rotation after its restart", func() error {
+		obj, err := tb.NodeObject(ctx, "n1")
+		if err != nil {
+			return err
+		}
+		if obj.Annotations[k8s.AnnotationRotatedKey] != "restart-test" || obj.Annotations[k8s.AnnotationPublicKey] != next.PublicKey().String() {
+			return fmt.Errorf("annotations %v", obj.Annotations)
+		}
+		return nil
+	})
+	t.Logf("n1 completed the rotation %s after meshd started again", time.Since(restart).Round(time.Millisecond))
+	for name, p := range pings {
+		sent, lost, outage := s.pingResult(p)
+		t.Logf("path %s: %d of %d pings lost at 10 pps (longest gap %s; %s)", name, lost, sent, outage, strings.TrimSpace(testbed.Tail(p.p.LogPath, 1)))
+		if lost > 1 {
+			t.Errorf("path %s lost %d pings (want <= 1)", name, lost)
+		}
+	}
+	if b, err := os.ReadFile(keyPath); err != nil || strings.TrimSpace(string(b)) != next.String() {
+		t.Errorf("n1's key file does not hold the next key (%v)", err)
+	}
+	if _, err := os.Stat(keyPath + ".next"); !os.IsNotExist(err) {
+		t.Errorf("n1's next key file is left behind (%v)", err)
+	}
+	s.eventually(10*time.Second, 250*time.Millisecond, "n2 peers with n1's new key only", func() error {
+		d, err := n2.WG(ctx, "meshd0")
+		if err != nil {
+			return err
+		}
+		if d.Peer(oldKey) != nil || d.Peer(next.PublicKey().String()) == nil {
+			return fmt.Errorf("n2's peers: %+v", d.Peers)
+		}
+		return nil
+	})
+	if d, err := n1.WG(ctx, "meshd0"); err != nil || d.PublicKey != next.PublicKey().String() {
+		t.Errorf("n1's device key is not the next key (%v)", err)
+	}
 }
