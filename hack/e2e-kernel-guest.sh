@@ -78,7 +78,7 @@ for s in $E2E_KERNEL_RUN; do
 		# wireguard-go is 30-40 times slower and its TCP echo timed out once.
 		# Kernel-to-userspace traffic is TestKernelTunnel/kernel-userspace.
 		(cd pkg/wg && step wg env MESHD_WG_KERNEL=1 "$out/bin/wg.test" -test.v -test.count=1 -test.timeout 10m \
-			-test.run '^(TestKernel(Lifecycle|WatchLink|Tunnel)|TestRoot(InProcessLifecycle|AdoptExternalDevice|ModesAndForeignLinks)|TestWatchLinkRealKernel)$') || failed=1
+			-test.run '^(TestKernel(Lifecycle|WatchLink|Tunnel|KeyRotationLosesNothing)|TestRoot(InProcessLifecycle|AdoptExternalDevice|ModesAndForeignLinks)|TestWatchLinkRealKernel)$') || failed=1
 		if grep -q '^xfrm_user ' /proc/modules; then
 			echo "=== guest: xfrm_user is loaded"
 		else

@@ -140,7 +140,7 @@ func renderGraph(m *model) string {
 // recentHandshake is what status shows for a link whose leader publishes
 // the remote's endpoint in meshd.io/discovered-endpoints: a handshake
 // within DiscoveredFresh, kept published for DiscoveredLinger after the last
-// one (see k8s.DiscoveredEndpoints). Exact handshake times are local to
+// one (see convert.DiscoveredEndpoints). Exact handshake times are local to
 // each node (metrics, wg show): meshd does not write them to the API.
 var recentHandshake = fmt.Sprintf("<%dm", int((convert.DiscoveredFresh + convert.DiscoveredLinger).Minutes()))
 

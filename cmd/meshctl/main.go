@@ -3,7 +3,8 @@
 // the meshd daemons run (pkg/mesh), the mesh the nodes build: WireGuard
 // configurations of nodes and outside peers, the topology graph and a
 // status overview. Only `meshctl link` and `meshctl unlink` change clusters:
-// they write or remove the cluster-link Secrets and their reader credentials.
+// they write or remove the cluster-link Secrets and their reader credentials;
+// and `meshctl rotate-key` sets one annotation on one Node.
 //
 // Out of scope: planning of its own (it runs pkg/mesh, so it shows what the
 // daemons do) and any kernel access or node configuration.
@@ -106,6 +107,7 @@ otherwise meshctl computes a different mesh than the nodes do.`,
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
+	root.AddCommand(newRotateKeyCommand(e))
 	return root
 }
 

@@ -84,6 +84,9 @@ type nodeFilter struct {
 type parsedNode struct {
 	node     mesh.Node
 	problems string
+	// rotation: on this node's own Node, the key rotation request and the
+	// next key it published (rotate.go), which no plan reads.
+	rotation [2]string
 }
 
 func (f nodeFilter) input(o *corev1.Node) parsedNode {
@@ -97,6 +100,9 @@ func (f nodeFilter) input(o *corev1.Node) parsedNode {
 	}
 	n, errs := convert.NodeFromObject(o, f.parse)
 	p := parsedNode{node: n}
+	if o.Name == f.self {
+		p.rotation = [2]string{o.Annotations[convert.AnnotationRotateKey], o.Annotations[convert.AnnotationNextPublicKey]}
+	}
 	if err := errors.Join(errs...); err != nil {
 		p.problems = err.Error()
 	}
@@ -109,4 +115,14 @@ func (f nodeFilter) changed(old, cur *corev1.Node) bool {
 		return true
 	}
 	return !reflect.DeepEqual(f.input(old), f.input(cur))
+}
+
+// keyChanged reports whether the update changes the public key of another
+// node (a key rotation's switch), or the next key this node published (the
+// rotation's switch is due): both are applied without coalescing delay.
+func (f nodeFilter) keyChanged(old, cur *corev1.Node) bool {
+	if cur.Name == f.self {
+		return old.Annotations[convert.AnnotationNextPublicKey] != cur.Annotations[convert.AnnotationNextPublicKey]
+	}
+	return old.Annotations[convert.AnnotationPublicKey] != cur.Annotations[convert.AnnotationPublicKey]
 }

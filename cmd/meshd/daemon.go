@@ -74,6 +74,11 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if err != nil {
 		return nil, fmt.Errorf("loading the WireGuard key from %s: %w", c.StateDir, err)
 	}
+	// A key rotation in progress when meshd stopped resumes (rotate.go).
+	nextKey, _, err := wg.LoadNextKey(c.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("loading the next WireGuard key of a rotation from %s: %w", c.StateDir, err)
+	}
 	facts, err := discoverLocal(log)
 	if err != nil {
 		// Not fatal: the Node's own addresses usually suffice.
@@ -128,6 +133,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		port:     c.Port,
 		topology: c.TopologyLabel,
 		key:      key,
+		nextKey:  nextKey,
 		mtu:      mtu,
 		facts:    facts,
 		kube:     writer,
@@ -208,9 +214,17 @@ func (d *daemon) nodeHandler() cache.ResourceEventHandler {
 		AddFunc: func(any) { d.enqueue() },
 		UpdateFunc: func(old, cur any) {
 			if o, ok := old.(*corev1.Node); ok {
-				if n, ok := cur.(*corev1.Node); ok && !d.filter.changed(o, n) {
-					d.rec.metrics.filtered.Inc()
-					return // kubelet heartbeats, our own writes, resyncs: nothing to plan
+				if n, ok := cur.(*corev1.Node); ok {
+					if !d.filter.changed(o, n) {
+						d.rec.metrics.filtered.Inc()
+						return // kubelet heartbeats, our own writes, resyncs: nothing to plan
+					}
+					if d.filter.keyChanged(o, n) {
+						// A rotated key: the node's packets wait for this
+						// node to follow; skip the coalescing delay.
+						d.queue.Add(queueKey)
+						return
+					}
 				}
 			}
 			d.enqueue()

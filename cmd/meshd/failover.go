@@ -19,11 +19,11 @@ import (
 )
 
 // Leader failover: wiring of the data-plane signal (pkg/probe) into the
-// liveness decisions (k8s.Liveness). The flow stays one way:
+// liveness decisions (liveness.Liveness). The flow stays one way:
 //
 //	prober (UDP echo on the underlay) → its results → this node's heartbeat
 //	Lease (meshd.io/probe-up/-down, written when they change) → every
-//	node's Lease informer → k8s.Liveness (Judge: lease-live and not voted
+//	node's Lease informer → liveness.Liveness (Judge: lease-live and not voted
 //	down) → mesh.Local.Live/Settling → plan.
 //
 // Every node decides from the same published reports, so they agree on the

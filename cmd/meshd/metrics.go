@@ -40,6 +40,8 @@ type metrics struct {
 	apiRequests *prometheus.CounterVec
 	refused     *prometheus.GaugeVec
 	tokenExpiry *prometheus.GaugeVec
+	// keyRotations counts completed rotations of this node's key (rotate.go).
+	keyRotations prometheus.Counter
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
@@ -100,6 +102,7 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.wgPeers, m.leader, m.buildInfo, m.panics, m.staleLinks, m.filtered, m.apiRequests, m.refused, m.tokenExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.keyRotations = newKeyRotationsCounter(reg)
 	if dev != nil {
 		reg.MustRegister(&peerCollector{dev: dev, m: m})
 	}

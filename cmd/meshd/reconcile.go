@@ -99,7 +99,7 @@ type reconciler struct {
 	// raised as an Event once, not on every reconcile.
 	planWarnings map[string]bool
 	// secrets reads Peer preshared keys from the Secret informer's cache
-	// (k8s.PresharedKeys: a vanished Secret keeps the last known key); dns
+	// (secrets.PresharedKeys: a vanished Secret keeps the last known key); dns
 	// answers Peer endpoint names from the background resolver's cache.
 	// Nil: Peers with a preshared key are unusable, names resolve live.
 	secrets convert.SecretLookup
@@ -118,6 +118,12 @@ type reconciler struct {
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered convert.DiscoveredEndpoints
+
+	// nextKey is the next private key of a key rotation in progress (zero:
+	// none); see rotate.go. rotationWarned: a request without a state
+	// directory was reported.
+	nextKey        wgtypes.Key
+	rotationWarned bool
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -193,6 +199,9 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.metrics.observe(time.Since(start), err)
 	}()
 
+	// A key rotation's switch starts before the plan (rotate.go).
+	sw, rotErr := r.rotationBefore(s.self(r.node))
+	defer func() { r.rotationUnfinished(sw, err) }()
 	nodes, peers, self, err := r.meshInput(ctx, s)
 	if err != nil {
 		r.metrics.fail("snapshot")
@@ -200,10 +209,11 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	objects, remote := peers, r.remotePeers(nodes)
 	peers = append(slices.Clip(peers), remote...)
+	known := knownKeys(nodes, peers)
 	live := r.liveness.Decide(convert.LocationKeys(nodes, r.opts.Granularity))
 	if r.freeze != nil {
 		// The API server unreachable from here: keep the last live set
-		// (freeze.go); the Lease ages are frozen too (k8s.Liveness).
+		// (freeze.go); the Lease ages are frozen too (liveness.Liveness).
 		live.Live = r.freeze.live(live.Live, time.Now())
 	}
 	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
@@ -218,14 +228,19 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 
 	// Apply: every part is attempted even if another fails.
 	errs := r.execute(plan)
+	sw, errs = r.rotationExecuted(sw, errs, rotErr)
 	// The node is programmed: persist it for a restart during an API outage.
 	if len(errs) == 0 {
 		r.saveState(plan)
 	}
 	// Report: publish what other nodes need.
-	if err := r.publish(ctx, self, plan); err != nil {
+	perr := r.publish(ctx, self, plan, sw, known)
+	if perr != nil {
 		r.metrics.fail("publish")
-		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
+		errs = append(errs, fmt.Errorf("publishing node annotations: %w", perr))
+	}
+	if err := r.rotationPublished(plan, sw, perr); err != nil {
+		errs = append(errs, err)
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
 	// Ready: programmed from fresh data, everything applied and reported.
@@ -242,7 +257,7 @@ func (r *reconciler) execute(plan *mesh.Plan) []error {
 	var errs []error
 	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
 		r.metrics.fail("wireguard")
-		errs = append(errs, fmt.Errorf("configuring WireGuard: %w", err))
+		errs = append(errs, fmt.Errorf("%w: %w", errConfigureWireGuard, err))
 	}
 	if err := r.routes.Set(routes(plan), rules(plan)); err != nil {
 		r.metrics.fail("routes")
@@ -262,7 +277,7 @@ func (r *reconciler) execute(plan *mesh.Plan) []error {
 }
 
 // meshInput converts the Node and Peer objects like every node does
-// (k8s.NewMeshInput), reports each object's problems once (log line and
+// (convert.NewMeshInput), reports each object's problems once (log line and
 // Event), and replaces the local node by what this node knows about itself.
 func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
 	in := convert.NewMeshInput(ctx, s.nodes, s.peers, convert.MeshInputOptions{
@@ -460,9 +475,38 @@ func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {
 	}
 }
 
+// errConfigureWireGuard marks a failed WireGuard write among the errors of
+// execute.
+var errConfigureWireGuard = errors.New("configuring WireGuard")
+
+// self returns the Node object of node name in the snapshot, or nil.
+func (s snapshot) self(name string) *corev1.Node {
+	for _, n := range s.nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// knownKeys are the public keys of every node and peer of the plan's input.
+func knownKeys(nodes []mesh.Node, peers []mesh.Peer) map[wgtypes.Key]bool {
+	out := make(map[wgtypes.Key]bool, len(nodes)+len(peers))
+	for _, n := range nodes {
+		out[n.PublicKey] = true
+	}
+	for _, p := range peers {
+		out[p.PublicKey] = true
+	}
+	return out
+}
+
 // publish writes this node's public facts to its Node object (only what
 // changed; nothing when equal). The private key is never published.
-func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan) error {
+// Discovered endpoints are published only for keys some node or peer still
+// has (known), so a rotated-away key disappears at once; sw is a key
+// rotation's switch in this reconcile, if any (rotate.go).
+func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan, sw *rotationSwitch, known map[wgtypes.Key]bool) error {
 	me := r.selfNode(self)
 	pub := convert.Published{
 		PublicKey:    r.key.PublicKey(),
@@ -472,13 +516,22 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	if self.Annotations[convert.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
 		pub.Endpoint = me.Endpoint.Addr
 	}
-	pub.DiscoveredEndpoints = me.DiscoveredEndpoints
-	_, err := convert.PublishNode(ctx, r.kube, r.node, convert.NodeAnnotations(pub), self)
+	for k, ap := range me.DiscoveredEndpoints {
+		if known == nil || known[k] {
+			if pub.DiscoveredEndpoints == nil {
+				pub.DiscoveredEndpoints = map[wgtypes.Key]netip.AddrPort{}
+			}
+			pub.DiscoveredEndpoints[k] = ap
+		}
+	}
+	want := convert.NodeAnnotations(pub)
+	maps.Copy(want, r.rotationAnnotations(sw))
+	_, err := convert.PublishNode(ctx, r.kube, r.node, want, self)
 	return err
 }
 
 // observeDiscovered feeds the endpoints of peers with a recent handshake
-// into the hysteresis (k8s.DiscoveredEndpoints), which starts from what this
+// into the hysteresis (convert.DiscoveredEndpoints), which starts from what this
 // node published before. Handshake times themselves stay local (metrics).
 func (r *reconciler) observeDiscovered(self *corev1.Node) {
 	now := time.Now()

@@ -8,13 +8,14 @@ import (
 	"reflect"
 	"testing"
 
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
-	"time"
 
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s/convert"

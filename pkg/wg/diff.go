@@ -94,19 +94,10 @@ func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.A
 		curPeers[cur.Peers[i].PublicKey] = &cur.Peers[i]
 	}
 
-	// Removals first (sorted), then additions and updates (sorted).
-	var removed []wgtypes.Key
-	for k := range curPeers {
-		if _, ok := wants[k]; !ok {
-			removed = append(removed, k)
-		}
-	}
-	slices.SortFunc(removed, compareKeys)
-	for _, k := range removed {
-		d.cfg.Peers = append(d.cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
-		d.forget = append(d.forget, k)
-	}
-
+	// Additions and updates first (sorted), then removals (sorted): a peer
+	// that takes over the allowed IPs of a removed one (a node whose key was
+	// rotated) gets them before the old entry goes, so no packet in between
+	// finds no peer; inserting an allowed IP moves it from its old owner.
 	keys := make([]wgtypes.Key, 0, len(wants))
 	for k := range wants {
 		keys = append(keys, k)
@@ -122,6 +113,18 @@ func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.A
 		if pc, ok := d.updatePeer(w, c, last); ok {
 			d.cfg.Peers = append(d.cfg.Peers, pc)
 		}
+	}
+
+	var removed []wgtypes.Key
+	for k := range curPeers {
+		if _, ok := wants[k]; !ok {
+			removed = append(removed, k)
+		}
+	}
+	slices.SortFunc(removed, compareKeys)
+	for _, k := range removed {
+		d.cfg.Peers = append(d.cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true})
+		d.forget = append(d.forget, k)
 	}
 	return d, errors.Join(errs...)
 }

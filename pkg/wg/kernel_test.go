@@ -455,3 +455,12 @@ func kernelVersion() string {
 	}
 	return "kernel " + strings.TrimSpace(string(b))
 }
+
+// TestKernelKeyRotationLosesNothing is TestRootKeyRotationLosesNothing on
+// kernel WireGuard: the kernel, too, keeps receiving on the old sessions and
+// queues the rotated side's packets until the peer follows.
+func TestKernelKeyRotationLosesNothing(t *testing.T) {
+	requireKernelWG(t)
+	a, b := kernelPair(t, testLoggerAt(t, 0), ModeKernel)
+	keyRotationLosesNothing(t, a, b)
+}

@@ -36,11 +36,19 @@ func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
 		return k, err
 	}
 
-	k, err = wgtypes.GeneratePrivateKey()
+	return createKeyFile(dir, keyFileName)
+}
+
+// createKeyFile generates a private key and stores it in dir/name: written
+// to a temporary file (0600), synced, then linked into place, which fails if
+// the file exists (then the stored key wins and is returned).
+func createKeyFile(dir, name string) (wgtypes.Key, error) {
+	path := filepath.Join(dir, name)
+	k, err := wgtypes.GeneratePrivateKey()
 	if err != nil {
 		return wgtypes.Key{}, fmt.Errorf("generating WireGuard private key: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".private-key-*")
+	tmp, err := os.CreateTemp(dir, "."+name+"-*")
 	if err != nil {
 		return wgtypes.Key{}, fmt.Errorf("writing WireGuard private key in %s: %w", dir, err)
 	}
@@ -63,11 +71,65 @@ func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
 		}
 		return wgtypes.Key{}, fmt.Errorf("storing WireGuard private key %s: %w", path, err)
 	}
+	syncDir(dir)
+	return k, nil
+}
+
+func syncDir(dir string) {
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()
 		d.Close()
 	}
-	return k, nil
+}
+
+// Key rotation: the next key lives in dir/private-key.next (0600, written
+// like the current key) from the moment a rotation starts until it is
+// committed, so a restart in the middle of a rotation resumes it with the
+// same next key, and no key is ever lost.
+
+// LoadNextKey returns the next private key of an ongoing rotation, stored in
+// dir/private-key.next; ok is false when there is none.
+func LoadNextKey(dir string) (k wgtypes.Key, ok bool, err error) {
+	k, err = readKey(filepath.Join(dir, nextKeyFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return wgtypes.Key{}, false, nil
+	}
+	return k, err == nil, err
+}
+
+// LoadOrCreateNextKey returns the next private key of a rotation, generating
+// and storing it in dir/private-key.next first if there is none. The
+// directory must exist (LoadOrCreateKey made it).
+func LoadOrCreateNextKey(dir string) (wgtypes.Key, error) {
+	k, ok, err := LoadNextKey(dir)
+	if err != nil || ok {
+		return k, err
+	}
+	return createKeyFile(dir, nextKeyFileName)
+}
+
+// CommitNextKey makes the next key the current one: dir/private-key.next is
+// renamed over dir/private-key (atomic: the file holds the old key or the
+// new one, never neither), so the old private key is gone from disk. want is
+// the key the caller switched to: if the next key file holds another key
+// (or none), nothing is renamed and an error says so.
+func CommitNextKey(dir string, want wgtypes.Key) error {
+	k, ok, err := LoadNextKey(dir)
+	if err != nil {
+		return err
+	}
+	if !ok || k != want {
+		cur, cerr := readKey(filepath.Join(dir, keyFileName))
+		if cerr == nil && cur == want {
+			return nil // already committed
+		}
+		return fmt.Errorf("committing the WireGuard key rotation in %s: %s does not hold the key switched to", dir, nextKeyFileName)
+	}
+	if err := os.Rename(filepath.Join(dir, nextKeyFileName), filepath.Join(dir, keyFileName)); err != nil {
+		return fmt.Errorf("committing the WireGuard key rotation in %s: %w", dir, err)
+	}
+	syncDir(dir)
+	return nil
 }
 
 func readKey(path string) (wgtypes.Key, error) {

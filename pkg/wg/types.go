@@ -34,6 +34,7 @@ const (
 	defaultMTU             = 1420
 	nudgeKeepalive         = time.Second
 	keyFileName            = "private-key"
+	nextKeyFileName        = "private-key.next"
 )
 
 // ParseMode parses a --wireguard-mode style flag value ("" means auto).
