@@ -24,6 +24,7 @@ import (
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/client/clientset/versioned"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
@@ -58,6 +59,7 @@ type daemon struct {
 	prober       *probe.Prober
 	probeChanged chan struct{}
 	filter       nodeFilter
+	peerStatus   *k8s.PeerStatusWriter
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -159,6 +161,14 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
+	// Report: Peer status, written in the background (peerstatus.go).
+	peerWriter, err := versioned.NewForConfig(writeCfg)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("building the API client: %w", err)
+	}
+	d.peerStatus = k8s.NewPeerStatusWriter(k8s.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Logger: log})
+	r.peerStatus = d.peerStatus
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
@@ -182,12 +192,13 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 func (d *daemon) enqueue() { d.coalesce.signal() }
 
 // handler enqueues a reconcile on every Peer event but informer resyncs
-// (the same object again: the resync ticker covers them).
+// (the same object again: the resync ticker covers them) and status writes
+// (nodes reporting: nothing to plan).
 func (d *daemon) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { d.enqueue() },
 		UpdateFunc: func(old, cur any) {
-			if sameVersion(old, cur) {
+			if sameVersion(old, cur) || statusOnly(old, cur) {
 				return
 			}
 			d.enqueue()
@@ -311,6 +322,8 @@ func (d *daemon) Run(ctx context.Context) error {
 	})
 	// Peer endpoint names, resolved in the background.
 	add(d.dns.Run)
+	// Peer status: the report stage's writes.
+	add(d.peerStatus.Run)
 	// The reconcile worker.
 	wctx, cancelWork := context.WithCancel(ctx)
 	g.Add(func() error { return d.work(wctx) }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })

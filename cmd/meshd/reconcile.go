@@ -116,6 +116,8 @@ type reconciler struct {
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered k8s.DiscoveredEndpoints
+	// peerStatus takes the Peer findings of every reconcile (nil: none).
+	peerStatus peerReporter
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -226,6 +228,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
+	r.reportPeers(s.peers, objects, plan)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
