@@ -101,7 +101,8 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
-	registerClientMetrics(m)
+	m.setPeerSeriesLimit(c.PeerMetricsLimit)
+	clientGo := registerClientMetrics(reg, m)
 	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
 	if ipt6 != nil {
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
@@ -146,7 +147,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		routes: routes, device: dev, stopEvents: stopEvents,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd", MetricsProvider: clientGo}),
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: k8s.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
@@ -167,7 +168,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		dev.Close()
 		return nil, fmt.Errorf("building the API client: %w", err)
 	}
-	d.peerStatus = k8s.NewPeerStatusWriter(k8s.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Logger: log})
+	d.peerStatus = k8s.NewPeerStatusWriter(k8s.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Metrics: clientGo, Logger: log})
 	r.peerStatus = d.peerStatus
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.

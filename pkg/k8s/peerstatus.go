@@ -209,8 +209,11 @@ type PeerStatusOptions struct {
 	QPS   float64
 	Burst int
 	// Now is the clock (default time.Now).
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now func() time.Time
+	// Metrics reports the write queue (workqueue_*{name="meshd_peer_status"});
+	// nil: client-go's global provider.
+	Metrics workqueue.MetricsProvider
+	Logger  *slog.Logger
 }
 
 // NewPeerStatusWriter returns a writer; start it with Run.
@@ -237,7 +240,7 @@ func NewPeerStatusWriter(o PeerStatusOptions) *PeerStatusWriter {
 	return &PeerStatusWriter{
 		peers: o.Peers, store: o.Store, log: o.Logger, timeout: o.Timeout, now: o.Now,
 		failed: map[string]bool{},
-		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd_peer_status"}),
+		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd_peer_status", MetricsProvider: o.Metrics}),
 	}
 }
 
