@@ -43,6 +43,26 @@ buildargs=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION"
 
 log() { echo ">> $*" >&2; }
 
+# The host keeps net.ipv4.ip_forward as it was: podman's bridge networking
+# (netavark) turns it on for a build's RUN steps, and the testbed (and many
+# hosts) rely on it staying 0. Builds here run with --network none (local
+# base) or --network host (registry base: RUN steps download, no bridge);
+# this restores it anyway if anything else changed it.
+fwd_file=/proc/sys/net/ipv4/ip_forward
+fwd0=$(cat "$fwd_file" 2>/dev/null || echo "")
+restore_ip_forward() {
+	local now
+	now=$(cat "$fwd_file" 2>/dev/null || echo "")
+	if [[ -n $fwd0 && $now != "$fwd0" ]]; then
+		if echo "$fwd0" >"$fwd_file" 2>/dev/null; then
+			log "restored net.ipv4.ip_forward=$fwd0 (the build had set it to $now)"
+		else
+			log "WARNING: the build set net.ipv4.ip_forward=$now (was $fwd0) and it cannot be restored: run sysctl -w net.ipv4.ip_forward=$fwd0"
+		fi
+	fi
+}
+trap restore_ip_forward EXIT
+
 if [[ $IMAGE_BASE == registry ]]; then
 	plat=${PLATFORMS:-linux/$($GO env GOARCH)}
 	if command -v docker >/dev/null && docker buildx version >/dev/null 2>&1; then
@@ -52,7 +72,7 @@ if [[ $IMAGE_BASE == registry ]]; then
 		exec docker buildx build --platform "$plat" "${buildargs[@]}" -t "$IMAGE" "${out[@]}" .
 	fi
 	./hack/image-deps.sh
-	podman build --platform "$plat" "${buildargs[@]}" --manifest "$IMAGE" .
+	podman build --network host --platform "$plat" "${buildargs[@]}" --manifest "$IMAGE" .
 	if [[ -n $PUSH ]]; then podman manifest push --all "$IMAGE" "docker://$IMAGE"; fi
 	exit 0
 fi

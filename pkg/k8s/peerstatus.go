@@ -101,7 +101,7 @@ func PeerStatusFor(p *v1alpha1.Peer, r PeerReport, now time.Time) (v1alpha1.Peer
 			e.LastHandshakeTime = own.LastHandshakeTime
 		}
 		if !f.LastHandshake.IsZero() {
-			hs := f.LastHandshake.Truncate(time.Minute)
+			hs := f.LastHandshake.Truncate(time.Second) // the API's precision
 			if e.LastHandshakeTime == nil || !hs.Before(e.LastHandshakeTime.Add(PeerHandshakeResolution)) {
 				e.LastHandshakeTime = &metav1.Time{Time: hs}
 			}
@@ -189,6 +189,7 @@ type PeerStatusWriter struct {
 	log     *slog.Logger
 	timeout time.Duration
 	now     func() time.Time
+	limit   *rate.Limiter // all writes of this node together
 
 	mu     sync.Mutex
 	report *PeerReport
@@ -233,12 +234,10 @@ func NewPeerStatusWriter(o PeerStatusOptions) *PeerStatusWriter {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	limiter := workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
-		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(o.QPS), o.Burst)},
-	)
+	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute)
 	return &PeerStatusWriter{
 		peers: o.Peers, store: o.Store, log: o.Logger, timeout: o.Timeout, now: o.Now,
+		limit:  rate.NewLimiter(rate.Limit(o.QPS), o.Burst),
 		failed: map[string]bool{},
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd_peer_status", MetricsProvider: o.Metrics}),
 	}
@@ -280,7 +279,9 @@ func (w *PeerStatusWriter) Run(ctx context.Context) error {
 			// Another leader wrote first: retry once the cache has its write.
 			w.log.Debug("Peer status changed meanwhile; retrying", "peer", name)
 			w.queue.AddRateLimited(name)
-		case err != nil && ctx.Err() == nil:
+		case err != nil && ctx.Err() != nil:
+			// Stopping.
+		case err != nil:
 			if !w.failed[name] {
 				w.log.Warn("writing the Peer status failed; retrying with back-off (the Peer stays applied)", "peer", name, "error", err)
 			} else {
@@ -321,6 +322,9 @@ func (w *PeerStatusWriter) write(ctx context.Context, name string) error {
 	status, changed := PeerStatusFor(p, *r, w.now())
 	if !changed {
 		return nil
+	}
+	if err := w.limit.Wait(ctx); err != nil {
+		return err
 	}
 	p = p.DeepCopy()
 	p.Status = status

@@ -36,8 +36,8 @@ func TestPeerStatusForLeaderEntryAndConditions(t *testing.T) {
 	if len(st.Leaders) != 1 || st.Leaders[0].Node != "n1" || st.Leaders[0].Location != "a" || !st.Leaders[0].Applied || st.Leaders[0].ObservedGeneration != 3 {
 		t.Fatalf("leaders = %+v", st.Leaders)
 	}
-	if hs := st.Leaders[0].LastHandshakeTime; hs == nil || !hs.Time.Equal(t0.Add(-time.Minute)) {
-		t.Fatalf("handshake = %v, want rounded down to the minute %v", hs, t0.Add(-time.Minute))
+	if hs := st.Leaders[0].LastHandshakeTime; hs == nil || !hs.Time.Equal(t0.Add(-30*time.Second)) {
+		t.Fatalf("handshake = %v, want %v", hs, t0.Add(-30*time.Second))
 	}
 	if st.LastHandshakeTime == nil || !st.LastHandshakeTime.Equal(st.Leaders[0].LastHandshakeTime) {
 		t.Fatalf("summary handshake = %v", st.LastHandshakeTime)
@@ -57,11 +57,11 @@ func TestPeerStatusForLeaderEntryAndConditions(t *testing.T) {
 	// Handshakes every 2 minutes: moved forward only when 3 minutes newer.
 	r.Peers["laptop"] = PeerFinding{Accepted: true, Applied: true, LastHandshake: t0.Add(90 * time.Second)}
 	if _, changed := PeerStatusFor(p, r, t0.Add(2*time.Minute)); changed {
-		t.Fatal("a handshake 2.5 minutes newer than the written one must not cause a write")
+		t.Fatal("a handshake 2 minutes newer than the written one must not cause a write")
 	}
 	r.Peers["laptop"] = PeerFinding{Accepted: true, Applied: true, LastHandshake: t0.Add(210 * time.Second)}
 	st2, changed := PeerStatusFor(p, r, t0.Add(4*time.Minute))
-	if !changed || !st2.LastHandshakeTime.Time.Equal(t0.Add(3*time.Minute)) {
+	if !changed || !st2.LastHandshakeTime.Time.Equal(t0.Add(210*time.Second)) {
 		t.Fatalf("a handshake 4 minutes newer must be written: changed=%v %v", changed, st2.LastHandshakeTime)
 	}
 	// The transition time stays while the status stays.

@@ -116,8 +116,8 @@ type PeerLeaderStatus struct {
 	Message string `json:"message,omitempty"`
 
 	// LastHandshakeTime is this leader's latest WireGuard handshake with the
-	// Peer, rounded down to the minute and moved forward only when at least
-	// 3 minutes newer (see PeerStatus.LastHandshakeTime).
+	// Peer, moved forward only when at least 3 minutes newer than the one
+	// written (see PeerStatus.LastHandshakeTime).
 	// +optional
 	LastHandshakeTime *metav1.Time `json:"lastHandshakeTime,omitempty"`
 
