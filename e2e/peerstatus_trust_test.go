@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,11 +52,16 @@ func checkPeerStatusTrust(s *scenario, kubeconfigA string, a, b *testbed.Node, p
 		t.Fatal(err)
 	}
 	peers := client.MeshdV1alpha1().Peers()
+	// Nodes may list and watch Peers, not get them: read as the admin.
+	admin, err := versioned.NewForConfig(tb.RESTConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// update changes the Peer's status as a's token (retrying conflicts
 	// with meshd's own writes) and returns the HTTP status.
 	update := func(change func(p *v1alpha1.Peer)) (int, error) {
 		for i := 0; ; i++ {
-			p, err := peers.Get(ctx, peer, metav1.GetOptions{})
+			p, err := admin.MeshdV1alpha1().Peers().Get(ctx, peer, metav1.GetOptions{})
 			if err != nil {
 				return statusOf(err), err
 			}
@@ -75,37 +81,42 @@ func checkPeerStatusTrust(s *scenario, kubeconfigA string, a, b *testbed.Node, p
 		}
 		return &v1alpha1.PeerLeaderStatus{}
 	}
+	const byPolicy = "may add or change only its own entry"
 	checks := []struct {
 		what string
 		do   func() (int, error)
 		want int
+		why  string // in the error of a refusal
 	}{
 		{a.Name + " marks " + b.Name + "'s entry not applied", func() (int, error) {
 			return update(func(p *v1alpha1.Peer) { entry(p, b.Name).Applied = false })
-		}, 403},
+		}, 403, byPolicy},
 		{a.Name + " adds an entry in " + b.Name + "'s name", func() (int, error) {
 			return update(func(p *v1alpha1.Peer) {
 				p.Status.Leaders = append(p.Status.Leaders, v1alpha1.PeerLeaderStatus{Location: "forged", Node: b.Name, Accepted: true})
 			})
-		}, 403},
+		}, 403, byPolicy},
 		{a.Name + " changes the Peer's spec", func() (int, error) {
-			p, err := peers.Get(ctx, peer, metav1.GetOptions{})
+			p, err := admin.MeshdV1alpha1().Peers().Get(ctx, peer, metav1.GetOptions{})
 			if err != nil {
 				return statusOf(err), err
 			}
 			p.Spec.AllowedIPs = append(p.Spec.AllowedIPs, "10.99.0.0/16")
 			_, err = peers.Update(ctx, p, metav1.UpdateOptions{})
 			return statusOf(err), err
-		}, 403},
+		}, 403, `cannot update resource "peers"`},
 		{a.Name + " rewrites its own entry's message", func() (int, error) {
 			return update(func(p *v1alpha1.Peer) { entry(p, a.Name).Message = "trust e2e" })
-		}, 200},
+		}, 200, ""},
 	}
 	for _, c := range checks {
 		code, err := c.do()
-		if code != c.want {
+		switch {
+		case code != c.want:
 			t.Errorf("%s: HTTP %d, want %d (%v)", c.what, code, c.want, err)
-		} else {
+		case c.why != "" && (err == nil || !strings.Contains(err.Error(), c.why)):
+			t.Errorf("%s: refused for another reason than %q: %v", c.what, c.why, err)
+		default:
 			t.Logf("%s: HTTP %d (%v)", c.what, code, err)
 		}
 	}

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"maps"
+	"slices"
+
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	"meshd.io/meshd/pkg/k8s"
@@ -21,8 +24,8 @@ func (r *reconciler) reportPeers(peers []*v1alpha1.Peer, objects []mesh.Peer, pl
 	if r.peerStatus == nil {
 		return
 	}
-	rep := k8s.PeerReport{Node: r.node, Location: plan.Location, Leader: plan.Leader}
-	if plan.Leader {
+	rep := k8s.PeerReport{Node: r.node, Location: plan.Location, Leader: plan.Leader && reportsPeers(plan)}
+	if rep.Leader {
 		rep.Locations = make(map[string]bool, len(plan.Leaders))
 		for loc := range plan.Leaders {
 			rep.Locations[loc] = true
@@ -53,6 +56,18 @@ func (r *reconciler) reportPeers(peers []*v1alpha1.Peer, objects []mesh.Peer, pl
 		}
 	}
 	r.peerStatus.Report(rep)
+}
+
+// reportsPeers says whether this leader's location is one of the first
+// k8s.MaxPeerStatusLeaders locations by name, the ones that report on
+// Peers: a full mesh of many nodes (every node its own location) would
+// otherwise have every node race to write every Peer's status.
+func reportsPeers(plan *mesh.Plan) bool {
+	if len(plan.Leaders) <= k8s.MaxPeerStatusLeaders {
+		return true
+	}
+	locs := slices.Sorted(maps.Keys(plan.Leaders))
+	return slices.Contains(locs[:k8s.MaxPeerStatusLeaders], plan.Location)
 }
 
 // statusOnly reports whether a Peer update changed nothing but its status

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -9,6 +10,7 @@ import (
 
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/mesh"
 )
 
 type reports struct{ got []k8s.PeerReport }
@@ -77,5 +79,25 @@ func TestStatusOnly(t *testing.T) {
 	c.Spec.AllowedIPs = []string{"10.5.0.1/32"}
 	if statusOnly(b, c) {
 		t.Error("a spec change must trigger a reconcile")
+	}
+}
+
+// TestReportsPeersBounded: with more locations than k8s.MaxPeerStatusLeaders
+// (a full mesh of many nodes) only the first ones by name report on Peers.
+func TestReportsPeersBounded(t *testing.T) {
+	plan := &mesh.Plan{Leaders: map[string]string{}}
+	for i := range 40 {
+		plan.Leaders[fmt.Sprintf("n%02d", i)] = fmt.Sprintf("n%02d", i)
+	}
+	for loc, want := range map[string]bool{"n00": true, "n31": true, "n32": false, "n39": false} {
+		plan.Location = loc
+		if got := reportsPeers(plan); got != want {
+			t.Errorf("location %s reports: %v, want %v", loc, got, want)
+		}
+	}
+	plan.Leaders = map[string]string{"z": "z"}
+	plan.Location = "z"
+	if !reportsPeers(plan) {
+		t.Error("with few locations every leader reports")
 	}
 }

@@ -30,8 +30,8 @@ const (
 	// its handshake age reads at most about 5 minutes.
 	PeerHandshakeResolution = 3 * time.Minute
 	// MaxPeerStatusLeaders caps status.leaders: with more locations (a full
-	// mesh of many nodes) the first ones to report keep their entries and
-	// the others write nothing.
+	// mesh of many nodes) only the leaders of the first ones by name report
+	// (the daemon decides), and an entry beyond the cap is never added.
 	MaxPeerStatusLeaders = 32
 	// maxPeerStatusMessage is the CRD's limit on status.leaders[].message.
 	maxPeerStatusMessage = 1024

@@ -75,8 +75,8 @@ type PeerStatus struct {
 	LastHandshakeTime *metav1.Time `json:"lastHandshakeTime,omitempty"`
 
 	// Leaders holds one entry per location whose leader carries (or tried
-	// to carry) the Peer, at most 32 (with more locations, the first 32 to
-	// report).
+	// to carry) the Peer, at most 32: with more locations (a full mesh of
+	// many nodes), the leaders of the first 32 locations by name report.
 	// +optional
 	// +listType=map
 	// +listMapKey=location
