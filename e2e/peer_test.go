@@ -181,6 +181,40 @@ func TestPeer(t *testing.T) {
 		}
 		return wantCondition(st, "Applied", "False", "NotApplied")
 	})
+	// Steady state: with both statuses written, a working Peer (handshakes
+	// every 2 minutes, written when 3 minutes newer) and an invalid one
+	// cost no status writes for the next 30 s (3 minutes after the first
+	// handshake at the earliest).
+	w, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes, deadline := 0, time.After(30*time.Second)
+	seen := map[string]string{}
+watch:
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the Peer watch ended early")
+			}
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
+				// The watch starts with the current objects (ADDED).
+				if rv, had := seen[u.GetName()]; had && rv != u.GetResourceVersion() {
+					writes++
+					t.Logf("Peer %s written in the steady window: %v", u.GetName(), u.Object["status"])
+				}
+				seen[u.GetName()] = u.GetResourceVersion()
+			}
+		case <-deadline:
+			break watch
+		}
+	}
+	w.Stop()
+	t.Logf("status writes in a 30 s steady window (2 Peers, 1 leader): %d", writes)
+	if writes != 0 {
+		t.Errorf("%d Peer writes in the steady window, want none", writes)
+	}
 	// What an operator sees.
 	if out, err := kubectlIn(t, nil, "get", "mpeer"); err != nil {
 		t.Errorf("kubectl get mpeer: %v\n%s", err, out)
