@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -185,11 +187,20 @@ func TestPeer(t *testing.T) {
 	// every 2 minutes, written when 3 minutes newer) and an invalid one
 	// cost no status writes for the next 30 s (3 minutes after the first
 	// handshake at the earliest).
-	w, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(ctx, metav1.ListOptions{})
+	window := 30 * time.Second
+	if v := os.Getenv("E2E_PEER_STEADY"); v != "" { // a longer window measures the write rate
+		if window, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("E2E_PEER_STEADY=%q: %v", v, err)
+		}
+	}
+	// Its own context: a long window outlasts the scenario's.
+	wctx, wcancel := context.WithTimeout(context.Background(), window+time.Minute)
+	defer wcancel()
+	w, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	writes, deadline := 0, time.After(30*time.Second)
+	writes, deadline := 0, time.After(window)
 	seen := map[string]string{}
 watch:
 	for {
@@ -211,9 +222,11 @@ watch:
 		}
 	}
 	w.Stop()
-	t.Logf("status writes in a 30 s steady window (2 Peers, 1 leader): %d", writes)
-	if writes != 0 {
-		t.Errorf("%d Peer writes in the steady window, want none", writes)
+	t.Logf("status writes in a %s steady window (2 Peers, 1 leader): %d", window, writes)
+	// The working Peer's handshake is written again once 3 minutes newer
+	// (every ~4 minutes); the invalid one never.
+	if allowed := int(window / (3 * time.Minute)); writes > allowed {
+		t.Errorf("%d Peer writes in the %s steady window, want at most %d", writes, window, allowed)
 	}
 	// What an operator sees.
 	if out, err := kubectlIn(t, nil, "get", "mpeer"); err != nil {
