@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -135,6 +137,154 @@ func TestPeer(t *testing.T) {
 	if out, err := laptop.Exec(ctx, "wg", "show", "wg0"); err == nil {
 		t.Logf("laptop wg show:\n%s", out)
 	}
+
+	// The Peer's status says it works: accepted, applied by the leader of
+	// location a, with a recent handshake (persistent keepalive 10 s).
+	peerStatusEventually(s, "laptop", func(st map[string]any) error {
+		if err := wantCondition(st, "Accepted", "True", "Valid"); err != nil {
+			return err
+		}
+		if err := wantCondition(st, "Applied", "True", "Applied"); err != nil {
+			return err
+		}
+		leaders, _, _ := unstructured.NestedSlice(st, "leaders")
+		if len(leaders) != 1 {
+			return fmt.Errorf("status.leaders = %v, want the one leader of location a", leaders)
+		}
+		e, _ := leaders[0].(map[string]any)
+		if e["node"] != leader.Name || e["location"] != "a" || e["applied"] != true || e["accepted"] != true {
+			return fmt.Errorf("status.leaders[0] = %v, want node %s location a applied", e, leader.Name)
+		}
+		hs, _, _ := unstructured.NestedString(st, "lastHandshakeTime")
+		ht, err := time.Parse(time.RFC3339, hs)
+		if err != nil {
+			return fmt.Errorf("status.lastHandshakeTime %q: %v", hs, err)
+		}
+		if age := time.Since(ht); age > 5*time.Minute || age < -time.Minute {
+			return fmt.Errorf("status.lastHandshakeTime %s is %s old", hs, age.Round(time.Second))
+		}
+		return nil
+	})
+	// A Peer no leader can use: its preshared-key Secret does not exist.
+	bad := map[string]any{
+		"publicKey":             randomKey(),
+		"allowedIPs":            []any{"10.5.0.2/32"},
+		"presharedKeySecretRef": map[string]any{"namespace": "meshd-peers", "name": "no-such-secret", "key": "psk"},
+	}
+	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("bad-psk", bad), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating Peer bad-psk: %v", err)
+	}
+	peerStatusEventually(s, "bad-psk", func(st map[string]any) error {
+		if err := wantCondition(st, "Accepted", "False", "Invalid"); err != nil {
+			return err
+		}
+		if c := condition(st, "Accepted"); !strings.Contains(fmt.Sprint(c["message"]), "no-such-secret") {
+			return fmt.Errorf("Accepted message %q does not name the missing Secret", c["message"])
+		}
+		return wantCondition(st, "Applied", "False", "NotApplied")
+	})
+	// Steady state: with both statuses written, a working Peer (handshakes
+	// every 2 minutes, written when 3 minutes newer) and an invalid one
+	// cost no status writes for the next 30 s (3 minutes after the first
+	// handshake at the earliest).
+	window := 30 * time.Second
+	if v := os.Getenv("E2E_PEER_STEADY"); v != "" { // a longer window measures the write rate
+		if window, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("E2E_PEER_STEADY=%q: %v", v, err)
+		}
+	}
+	// Its own context: a long window outlasts the scenario's.
+	wctx, wcancel := context.WithTimeout(context.Background(), window+time.Minute)
+	defer wcancel()
+	w, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes, deadline := 0, time.After(window)
+	seen := map[string]string{}
+watch:
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the Peer watch ended early")
+			}
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
+				// The watch starts with the current objects (ADDED).
+				if rv, had := seen[u.GetName()]; had && rv != u.GetResourceVersion() {
+					writes++
+					t.Logf("Peer %s written in the steady window: %v", u.GetName(), u.Object["status"])
+				}
+				seen[u.GetName()] = u.GetResourceVersion()
+			}
+		case <-deadline:
+			break watch
+		}
+	}
+	w.Stop()
+	t.Logf("status writes in a %s steady window (2 Peers, 1 leader): %d", window, writes)
+	// The working Peer's handshake is written again once 3 minutes newer
+	// (every ~4 minutes); the invalid one never.
+	if allowed := int(window / (3 * time.Minute)); writes > allowed {
+		t.Errorf("%d Peer writes in the %s steady window, want at most %d", writes, window, allowed)
+	}
+	// What an operator sees.
+	if out, err := kubectlIn(t, nil, "get", "mpeer"); err != nil {
+		t.Errorf("kubectl get mpeer: %v\n%s", err, out)
+	} else {
+		t.Logf("kubectl get mpeer:\n%s", out)
+		for _, want := range []string{"ACCEPTED", "APPLIED", "HANDSHAKE"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kubectl get mpeer has no %s column", want)
+			}
+		}
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			switch {
+			case len(f) > 0 && f[0] == "laptop" && !(contains(f, "True") && strings.Count(l, "True") == 2):
+				t.Errorf("kubectl get mpeer: laptop is not Accepted and Applied: %s", l)
+			case len(f) > 0 && f[0] == "bad-psk" && strings.Count(l, "False") != 2:
+				t.Errorf("kubectl get mpeer: bad-psk is not shown as not accepted and not applied: %s", l)
+			}
+		}
+	}
+}
+
+// peerStatusEventually waits until check accepts the status of Peer name.
+func peerStatusEventually(s *scenario, name string, check func(map[string]any) error) {
+	s.t.Helper()
+	s.eventually(60*time.Second, 500*time.Millisecond, "the status of Peer "+name, func() error {
+		p, err := tb.Dynamic.Resource(testbed.PeerGVR).Get(s.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st, _, _ := unstructured.NestedMap(p.Object, "status")
+		if err := check(st); err != nil {
+			return fmt.Errorf("%w (status %v)", err, st)
+		}
+		return nil
+	})
+}
+
+func condition(st map[string]any, typ string) map[string]any {
+	cs, _, _ := unstructured.NestedSlice(st, "conditions")
+	for _, c := range cs {
+		if m, ok := c.(map[string]any); ok && m["type"] == typ {
+			return m
+		}
+	}
+	return nil
+}
+
+func wantCondition(st map[string]any, typ, status, reason string) error {
+	c := condition(st, typ)
+	if c == nil {
+		return fmt.Errorf("no %s condition", typ)
+	}
+	if c["status"] != status || c["reason"] != reason {
+		return fmt.Errorf("%s = %v/%v (%v), want %s/%s", typ, c["status"], c["reason"], c["message"], status, reason)
+	}
+	return nil
 }
 
 // Scenario 7a: invalid Peers are refused by the API server with a message

@@ -360,6 +360,8 @@ func TestNodeCredentials(t *testing.T) {
 		})
 	}
 	s.assertNoKeyLeaked([]string{psk})
+	// Peer status: each node writes only its own entry (peerstatus_trust_test.go).
+	checkPeerStatusTrust(s, kc[n1.Name], n1, n2, "trust-laptop")
 }
 
 // TestLinkTrust: two clusters linked with `meshctl link` (agreed ranges: pod

@@ -4,7 +4,9 @@
 #   IMAGE=REF            the image reference to tag (required)
 #   PLATFORMS=LIST       comma-separated, e.g. linux/amd64,linux/arm64
 #                        (default: the host's platform)
-#   PUSH=1               push REF (a manifest list when PLATFORMS has several)
+#   PUSH=1               push REF (a manifest list when PLATFORMS has several:
+#                        per-platform images REF-ARCH are built locally, the
+#                        list exists only while it is pushed)
 #   IMAGE_BASE=local     (default) no registry needed: the runtime base is
 #                        built from Debian packages with mmdebstrap and the
 #                        binaries with the host's Go, then podman builds the
@@ -43,6 +45,43 @@ buildargs=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION"
 
 log() { echo ">> $*" >&2; }
 
+# The host keeps net.ipv4.ip_forward as it was: podman's bridge networking
+# (netavark) turns it on for a build's RUN steps, and the testbed (and many
+# hosts) rely on it staying 0. Builds here run with --network none (local
+# base) or --network host (registry base: RUN steps download, no bridge);
+# this restores it anyway if anything else changed it.
+fwd_file=/proc/sys/net/ipv4/ip_forward
+fwd0=$(cat "$fwd_file" 2>/dev/null || echo "")
+restore_ip_forward() {
+	local now
+	now=$(cat "$fwd_file" 2>/dev/null || echo "")
+	if [[ -n $fwd0 && $now != "$fwd0" ]]; then
+		if echo "$fwd0" >"$fwd_file" 2>/dev/null; then
+			log "restored net.ipv4.ip_forward=$fwd0 (the build had set it to $now)"
+		else
+			log "WARNING: the build set net.ipv4.ip_forward=$now (was $fwd0) and it cannot be restored: run sysctl -w net.ipv4.ip_forward=$fwd0"
+		fi
+	fi
+}
+trap restore_ip_forward EXIT
+
+# push_list IMAGE REF... pushes a manifest list IMAGE of the per-platform
+# images REF... and removes the local list again: podman 4.3 (Debian 12)
+# cannot list or build images while a local manifest list exists
+# ("fetching target platform image selected from image index",
+# containers/podman#19757), so none is kept in the store.
+push_list() {
+	local list=$1 r
+	shift
+	podman manifest rm "$list" >/dev/null 2>&1 || true
+	podman manifest create "$list" >/dev/null
+	for r in "$@"; do podman manifest add "$list" "containers-storage:$r" >/dev/null; done
+	local rc=0
+	podman manifest push --all "$list" "docker://$list" || rc=$?
+	podman manifest rm "$list" >/dev/null 2>&1 || true
+	return "$rc"
+}
+
 if [[ $IMAGE_BASE == registry ]]; then
 	plat=${PLATFORMS:-linux/$($GO env GOARCH)}
 	if command -v docker >/dev/null && docker buildx version >/dev/null 2>&1; then
@@ -52,8 +91,20 @@ if [[ $IMAGE_BASE == registry ]]; then
 		exec docker buildx build --platform "$plat" "${buildargs[@]}" -t "$IMAGE" "${out[@]}" .
 	fi
 	./hack/image-deps.sh
-	podman build --platform "$plat" "${buildargs[@]}" --manifest "$IMAGE" .
-	if [[ -n $PUSH ]]; then podman manifest push --all "$IMAGE" "docker://$IMAGE"; fi
+	# One image per platform (IMAGE, or IMAGE-ARCH for several); host
+	# networking for the RUN steps' downloads: no bridge, so podman leaves
+	# the host's ip_forward alone.
+	IFS=, read -r -a rplats <<<"$plat"
+	rrefs=()
+	for p in "${rplats[@]}"; do
+		ref=$IMAGE
+		[[ ${#rplats[@]} -gt 1 ]] && ref=$IMAGE-${p#*/}
+		podman build --network host --platform "$p" "${buildargs[@]}" -t "$ref" .
+		rrefs+=("$ref")
+	done
+	if [[ -n $PUSH ]]; then
+		if [[ ${#rrefs[@]} -gt 1 ]]; then push_list "$IMAGE" "${rrefs[@]}"; else podman push "$IMAGE"; fi
+	fi
 	exit 0
 fi
 if [[ $IMAGE_BASE != local ]]; then
@@ -141,19 +192,16 @@ for p in "${plats[@]}"; do
 	refs+=("$ref")
 done
 
-if [[ ${#refs[@]} -gt 1 ]]; then
-	podman manifest rm "$IMAGE" >/dev/null 2>&1 || podman rmi "$IMAGE" >/dev/null 2>&1 || true
-	podman manifest create "$IMAGE" >/dev/null
-	for r in "${refs[@]}"; do podman manifest add "$IMAGE" "containers-storage:$r" >/dev/null; done
-fi
 for r in "${refs[@]}"; do
 	size=$(podman image inspect --format '{{.Size}}' "$r")
 	log "$r: $((size / 1000000)) MB ($size bytes), version $VERSION"
 done
 if [[ -n $PUSH ]]; then
 	if [[ ${#refs[@]} -gt 1 ]]; then
-		podman manifest push --all "$IMAGE" "docker://$IMAGE"
+		push_list "$IMAGE" "${refs[@]}"
 	else
 		podman push "$IMAGE"
 	fi
+elif [[ ${#refs[@]} -gt 1 ]]; then
+	log "per-platform images ${refs[*]}; PUSH=1 pushes them as the manifest list $IMAGE (no local list is kept)"
 fi

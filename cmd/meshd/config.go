@@ -47,6 +47,8 @@ type config struct {
 	// Leader failover (see failover.go).
 	ProbePort     int
 	TakeoverDelay time.Duration
+	// PeerMetricsLimit caps the per-peer metric series (peermetrics.go).
+	PeerMetricsLimit int
 }
 
 // defaultHostname is $NODE_NAME, then the host name.
@@ -87,6 +89,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link` (link Secrets labelled meshd.io/cluster-link=true in --lease-namespace)")
 	fs.IntVar(&c.ProbePort, "probe-port", 51821, "UDP port of the data-plane probes between nodes (leader failover within seconds: a leader that stops answering its location or the other locations is replaced); the same on every node; 0 turns probing off (failover by --lease-duration only)")
 	fs.DurationVar(&c.TakeoverDelay, "takeover-delay", 30*time.Second, "how long a node that came back (Lease renewed, probes answered) must stay healthy before it takes its location's leadership back")
+	fs.IntVar(&c.PeerMetricsLimit, "peer-metrics-limit", defaultPeerMetricsLimit, "at most this many WireGuard peers get per-peer series (meshd_wireguard_peer_*): Peer objects and linked clusters first, then locations, then nodes; 0 turns per-peer series off (meshd_wireguard_peers_handshake_recent counts them all; see docs/metrics.md)")
 	return fs
 }
 
@@ -110,6 +113,9 @@ func (c *config) scalarErrors() []error {
 	}
 	if c.ProbePort < 0 || c.ProbePort > 65535 || (c.ProbePort != 0 && c.ProbePort == c.Port) {
 		errs = append(errs, fmt.Errorf("--probe-port %d: want 0 (off) or 1-65535, not the WireGuard --port", c.ProbePort))
+	}
+	if c.PeerMetricsLimit < 0 {
+		errs = append(errs, fmt.Errorf("--peer-metrics-limit %d: want 0 (off) or more", c.PeerMetricsLimit))
 	}
 	if c.TakeoverDelay < 0 {
 		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))

@@ -25,6 +25,7 @@ import (
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/k8s/client/clientset/versioned"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -63,6 +64,7 @@ type daemon struct {
 	prober       *probe.Prober
 	probeChanged chan struct{}
 	filter       nodeFilter
+	peerStatus   *convert.PeerStatusWriter
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -109,7 +111,8 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, dev)
-	registerClientMetrics(m)
+	m.setPeerSeriesLimit(c.PeerMetricsLimit)
+	clientGo := registerClientMetrics(reg, m)
 	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
 	if ipt6 != nil {
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
@@ -155,7 +158,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		routes: routes, device: dev, stopEvents: stopEvents,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd", MetricsProvider: clientGo}),
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: convert.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
@@ -170,6 +173,14 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	r.nodeLister = d.nodes.GetStore()
 	r.peerLister = d.peers.GetStore()
+	// Report: Peer status, written in the background (peerstatus.go).
+	peerWriter, err := versioned.NewForConfig(writeCfg)
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("building the API client: %w", err)
+	}
+	d.peerStatus = convert.NewPeerStatusWriter(convert.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Metrics: clientGo, Logger: log})
+	r.peerStatus = d.peerStatus
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
@@ -193,12 +204,13 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 func (d *daemon) enqueue() { d.coalesce.signal() }
 
 // handler enqueues a reconcile on every Peer event but informer resyncs
-// (the same object again: the resync ticker covers them).
+// (the same object again: the resync ticker covers them) and status writes
+// (nodes reporting: nothing to plan).
 func (d *daemon) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { d.enqueue() },
 		UpdateFunc: func(old, cur any) {
-			if sameVersion(old, cur) {
+			if sameVersion(old, cur) || statusOnly(old, cur) {
 				return
 			}
 			d.enqueue()
@@ -330,6 +342,8 @@ func (d *daemon) Run(ctx context.Context) error {
 	})
 	// Peer endpoint names, resolved in the background.
 	add(d.dns.Run)
+	// Peer status: the report stage's writes.
+	add(d.peerStatus.Run)
 	// The reconcile worker.
 	wctx, cancelWork := context.WithCancel(ctx)
 	g.Add(func() error { return d.work(wctx) }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
-	clientmetrics "k8s.io/client-go/tools/metrics"
 
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
@@ -45,6 +44,9 @@ type metrics struct {
 
 	mu    sync.Mutex
 	names map[wgtypes.Key]string // WireGuard peer key → node, location or Peer name
+	kinds map[wgtypes.Key]string // WireGuard peer key → kind (wireGuardPeerKinds)
+	// peerSeries bounds the per-peer series (peermetrics.go).
+	peerSeries peerSeriesLimit
 }
 
 func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
@@ -116,9 +118,13 @@ func (m *metrics) Increment(_ context.Context, code, method, _ string) {
 }
 
 // registerClientMetrics makes client-go count this process's API requests
-// in m. client-go accepts one registration per process (the first wins).
-func registerClientMetrics(m *metrics) {
-	clientmetrics.Register(clientmetrics.RegisterOpts{RequestResult: m})
+// in m and report its request latencies and work queues on reg
+// (clientmetrics.go). client-go accepts one registration per process (the
+// first wins).
+func registerClientMetrics(reg prometheus.Registerer, m *metrics) *clientGoMetrics {
+	c := newClientGoMetrics(reg)
+	c.register(m)
+	return c
 }
 
 // executorWrites exposes the executors' own write counters as
@@ -200,8 +206,10 @@ func (m *metrics) setPlan(p *mesh.Plan, g mesh.Granularity, nodes int, objects, 
 	for _, pp := range p.WireGuard.Peers {
 		names[pp.PublicKey] = pp.Name
 	}
+	kinds := wireGuardPeerKindsOf(p, g, objects, remote)
 	m.mu.Lock()
 	m.names = names
+	m.kinds = kinds
 	m.mu.Unlock()
 }
 
@@ -211,6 +219,16 @@ func (m *metrics) setPlan(p *mesh.Plan, g mesh.Granularity, nodes int, objects, 
 // else another location's leader (location), or a standby node of this
 // location (named LOCATION/standby, a node).
 func wireGuardPeerCounts(p *mesh.Plan, g mesh.Granularity, objects, remote []mesh.Peer) map[string]int {
+	counts := map[string]int{}
+	for _, k := range wireGuardPeerKindsOf(p, g, objects, remote) {
+		counts[k]++
+	}
+	return counts
+}
+
+// wireGuardPeerKindsOf maps every WireGuard peer of the plan to its kind
+// (see wireGuardPeerCounts).
+func wireGuardPeerKindsOf(p *mesh.Plan, g mesh.Granularity, objects, remote []mesh.Peer) map[wgtypes.Key]string {
 	kind := make(map[wgtypes.Key]string, len(objects)+len(remote))
 	for _, o := range objects {
 		kind[o.PublicKey] = "peer"
@@ -218,7 +236,7 @@ func wireGuardPeerCounts(p *mesh.Plan, g mesh.Granularity, objects, remote []mes
 	for _, r := range remote {
 		kind[r.PublicKey] = "cluster"
 	}
-	counts := map[string]int{}
+	out := make(map[wgtypes.Key]string, len(p.WireGuard.Peers))
 	for _, wp := range p.WireGuard.Peers {
 		k, ok := kind[wp.PublicKey]
 		switch {
@@ -228,9 +246,9 @@ func wireGuardPeerCounts(p *mesh.Plan, g mesh.Granularity, objects, remote []mes
 		default:
 			k = "location"
 		}
-		counts[k]++
+		out[wp.PublicKey] = k
 	}
-	return counts
+	return out
 }
 
 type statsReader interface {
@@ -256,6 +274,8 @@ func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descHandshake
 	ch <- descRx
 	ch <- descTx
+	ch <- descRecent
+	ch <- descOmitted
 }
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -263,20 +283,7 @@ func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	c.m.mu.Lock()
-	names := c.m.names
-	c.m.mu.Unlock()
-	for _, s := range stats {
-		name := names[s.PublicKey]
-		key := s.PublicKey.String()
-		hs := 0.0
-		if !s.LastHandshake.IsZero() {
-			hs = float64(s.LastHandshake.UnixNano()) / 1e9
-		}
-		ch <- prometheus.MustNewConstMetric(descHandshake, prometheus.GaugeValue, hs, name, key)
-		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(s.ReceiveBytes), name, key)
-		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(s.TransmitBytes), name, key)
-	}
+	c.m.collectPeers(ch, stats, time.Now())
 }
 
 func promhandler(reg *prometheus.Registry) http.Handler {

@@ -124,6 +124,8 @@ type reconciler struct {
 	// directory was reported.
 	nextKey        wgtypes.Key
 	rotationWarned bool
+	// peerStatus takes the Peer findings of every reconcile (nil: none).
+	peerStatus peerReporter
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -243,6 +245,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		errs = append(errs, err)
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
+	r.reportPeers(s.peers, objects, plan)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {

@@ -26,6 +26,10 @@ func renderCRDDoc(crd *apiextensionsv1.CustomResourceDefinition) string {
 	b.WriteString("| field | type | required | description | validation |\n|---|---|---|---|---|\n")
 	spec := v.Schema.OpenAPIV3Schema.Properties["spec"]
 	walkSchema(&b, "spec", spec, true)
+	if status, ok := v.Schema.OpenAPIV3Schema.Properties["status"]; ok {
+		b.WriteString("\n## Status\n\nWritten by meshd (the status subresource): each location leader reports its own entry in `status.leaders`; the conditions and `status.lastHandshakeTime` summarize them. See [peer status](vpn.md#peer-status).\n\n| field | type | required | description | validation |\n|---|---|---|---|---|\n")
+		walkSchema(&b, "status", status, false)
+	}
 	b.WriteString("\n## Printer columns\n\n| column | JSON path |\n|---|---|\n")
 	for _, c := range v.AdditionalPrinterColumns {
 		fmt.Fprintf(&b, "| %s | `%s` |\n", c.Name, c.JSONPath)
@@ -93,6 +97,9 @@ func walkSchema(b *strings.Builder, path string, s apiextensionsv1.JSONSchemaPro
 	sort.Strings(names)
 	for _, n := range names {
 		walkSchema(b, path+"."+n, s.Properties[n], contains(s.Required, n))
+	}
+	if s.Type == "array" && s.Items != nil && s.Items.Schema != nil && len(s.Items.Schema.Properties) > 0 && !strings.HasSuffix(path, ".conditions") {
+		walkSchema(b, path+"[]", *s.Items.Schema, true)
 	}
 }
 

@@ -40,6 +40,9 @@ func RunLeaderElected(ctx context.Context, log *slog.Logger, kube kubernetes.Int
 	if le.RetryPeriod == 0 {
 		le.RetryPeriod = 2 * time.Second
 	}
+	if err := waitForLeaseNamespace(ctx, log, kube, le, le.RetryPeriod); err != nil {
+		return nil // ctx ended while waiting
+	}
 	var (
 		mu      sync.Mutex
 		stopped bool

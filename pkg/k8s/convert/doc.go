@@ -6,7 +6,9 @@
 // Peers reported (*AnnotationError, MeshInput.Problems), never fatal; the
 // location keys liveness is judged by come from here too. Outwards: the
 // annotations meshd publishes on its own Node (NodeAnnotations,
-// AnnotationPatch, PublishNode) and the hysteresis of discovered endpoints.
+// AnnotationPatch, PublishNode), the hysteresis of discovered endpoints,
+// and the Peer status the location leaders report (PeerStatusWriter: one
+// background writer, only on change, never blocking the reconcile).
 // It names every meshd annotation (annotations.go).
 //
 // Out of scope: planning (pkg/mesh decides; this package only converts),

@@ -99,8 +99,13 @@ func crdSchema(t *testing.T) *schema.Structural {
 	for _, c := range version.AdditionalPrinterColumns {
 		columns = append(columns, c.Name)
 	}
-	if got := strings.Join(columns, ","); got != "Allowed IPs,Endpoint,Port,Age" {
+	if got := strings.Join(columns, ","); got != "Allowed IPs,Endpoint,Port,Accepted,Applied,Handshake,Reason,Age" {
 		t.Errorf("printer columns %s", got)
+	}
+	// The status is a subresource: nodes write it with peers/status only,
+	// and a status write never bumps the generation the planner watches.
+	if version.Subresources == nil || version.Subresources.Status == nil {
+		t.Error("the Peer CRD has no status subresource")
 	}
 	var props apiextensions.JSONSchemaProps
 	if err := apiextensionsv1.Convert_v1_JSONSchemaProps_To_apiextensions_JSONSchemaProps(version.Schema.OpenAPIV3Schema, &props, nil); err != nil {

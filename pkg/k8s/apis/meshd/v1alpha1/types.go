@@ -15,7 +15,12 @@ import (
 // +kubebuilder:printcolumn:name="Allowed IPs",type=string,JSONPath=`.spec.allowedIPs`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.spec.endpoint.host`
 // +kubebuilder:printcolumn:name="Port",type=integer,JSONPath=`.spec.endpoint.port`,priority=1
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Applied",type=string,JSONPath=`.status.conditions[?(@.type=="Applied")].status`
+// +kubebuilder:printcolumn:name="Handshake",type=date,JSONPath=`.status.lastHandshakeTime`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:subresource:status
 type Peer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -23,6 +28,103 @@ type Peer struct {
 	// Spec is the peer's WireGuard configuration.
 	// +required
 	Spec PeerSpec `json:"spec"`
+
+	// Status is written by meshd: every location leader reports whether it
+	// could use the Peer, whether its WireGuard interface carries it and its
+	// latest handshake with it.
+	// +optional
+	Status PeerStatus `json:"status,omitempty"`
+}
+
+// Condition types of a Peer's status.
+const (
+	// PeerAccepted is True when every reporting leader could use the Peer,
+	// False (reason PeerReasonInvalid) when one could not; the message says
+	// why (a missing preshared-key Secret, a refused allowed IP, ...).
+	PeerAccepted = "Accepted"
+	// PeerApplied is True when at least one location leader has the Peer
+	// on its WireGuard interface.
+	PeerApplied = "Applied"
+
+	// PeerReasonValid and PeerReasonInvalid are the reasons of Accepted.
+	PeerReasonValid   = "Valid"
+	PeerReasonInvalid = "Invalid"
+	// PeerReasonApplied and PeerReasonNotApplied are the reasons of Applied.
+	PeerReasonApplied    = "Applied"
+	PeerReasonNotApplied = "NotApplied"
+)
+
+// PeerStatus is what meshd reports about a Peer. Every location leader
+// writes its own entry in Leaders; the conditions and LastHandshakeTime
+// summarize the entries (any leader recomputes them when it writes).
+type PeerStatus struct {
+	// Conditions are Accepted and Applied.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// LastHandshakeTime is the latest handshake any leader reported (the
+	// most recent of Leaders[].lastHandshakeTime). It is coarse: a leader
+	// moves its own time forward only when it is at least 3 minutes newer
+	// than the one it last wrote, so a working peer (WireGuard handshakes
+	// every 2 minutes while traffic or keepalives flow) shows an age up to
+	// about 5 minutes; a larger age means no recent handshake.
+	// +optional
+	LastHandshakeTime *metav1.Time `json:"lastHandshakeTime,omitempty"`
+
+	// Leaders holds one entry per location whose leader carries (or tried
+	// to carry) the Peer, at most 32: with more locations (a full mesh of
+	// many nodes), the leaders of the first 32 locations by name report.
+	// +optional
+	// +listType=map
+	// +listMapKey=location
+	// +kubebuilder:validation:MaxItems=64
+	Leaders []PeerLeaderStatus `json:"leaders,omitempty"`
+}
+
+// PeerLeaderStatus is one location leader's report about a Peer.
+type PeerLeaderStatus struct {
+	// Location is the leader's location (its node name with
+	// --mesh-granularity=full).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Location string `json:"location"`
+
+	// Node is the leader's Node name; only meshd on that node writes this
+	// entry.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+
+	// Accepted is false when this leader cannot use the Peer (Message says
+	// why).
+	// +required
+	Accepted bool `json:"accepted"`
+
+	// Applied is true when the Peer is on the leader's WireGuard interface.
+	// +required
+	Applied bool `json:"applied"`
+
+	// Message tells the problems this leader found with the Peer, if any
+	// (also when it still uses the Peer, e.g. a refused allowed IP).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+
+	// LastHandshakeTime is this leader's latest WireGuard handshake with the
+	// Peer, moved forward only when at least 3 minutes newer than the one
+	// written (see PeerStatus.LastHandshakeTime).
+	// +optional
+	LastHandshakeTime *metav1.Time `json:"lastHandshakeTime,omitempty"`
+
+	// ObservedGeneration is the Peer's metadata.generation this entry was
+	// computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
 
 // PeerSpec is the WireGuard configuration of a Peer.

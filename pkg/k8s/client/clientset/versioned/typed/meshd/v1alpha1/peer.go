@@ -23,6 +23,8 @@ type PeersGetter interface {
 type PeerInterface interface {
 	Create(ctx context.Context, peer *meshdv1alpha1.Peer, opts v1.CreateOptions) (*meshdv1alpha1.Peer, error)
 	Update(ctx context.Context, peer *meshdv1alpha1.Peer, opts v1.UpdateOptions) (*meshdv1alpha1.Peer, error)
+	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
+	UpdateStatus(ctx context.Context, peer *meshdv1alpha1.Peer, opts v1.UpdateOptions) (*meshdv1alpha1.Peer, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*meshdv1alpha1.Peer, error)
