@@ -69,8 +69,9 @@ type snapshot struct {
 	Notes []string
 }
 
-// fetch reads Nodes, Peers and heartbeat Leases.
-func fetch(ctx context.Context, c *k8s.Clients, leaseNamespace string) (*snapshot, error) {
+// fetch reads Nodes, Peers and heartbeat Leases; leaseNamespace gives the
+// Leases' namespace from the Nodes (their published settings).
+func fetch(ctx context.Context, c *k8s.Clients, leaseNamespaceOf func([]*corev1.Node) string) (*snapshot, error) {
 	s := &snapshot{Server: "the API server"}
 	if c.Config != nil && c.Config.Host != "" {
 		s.Server = c.Config.Host
@@ -92,6 +93,7 @@ func fetch(ctx context.Context, c *k8s.Clients, leaseNamespace string) (*snapsho
 	for i := range pl.Items {
 		s.Peers = append(s.Peers, &pl.Items[i])
 	}
+	leaseNamespace := leaseNamespaceOf(s.Nodes)
 	ll, err := c.Kube.CoordinationV1().Leases(leaseNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		s.Notes = append(s.Notes, fmt.Sprintf("cannot read the heartbeat Leases in namespace %s (%v); assuming every node is live", leaseNamespace, shortError(err)))
@@ -145,6 +147,10 @@ type model struct {
 	Notes []string
 	// Linked are the linked clusters (status only).
 	Linked []linkedCluster
+	// Set are the effective settings (flags, else published, else
+	// defaults); Published what the nodes publish (settings.go).
+	Set       settings
+	Published clusterSettings
 }
 
 // pskPlaceholder stands for a preshared key meshctl does not read: Peers
@@ -156,6 +162,7 @@ var pskPlaceholder = make([]byte, 32)
 func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings, now time.Time, resolve func(context.Context, string) ([]netip.Addr, error)) (*model, error) {
 	m := &model{
 		Server:   s.Server,
+		Set:      set,
 		Opts:     opts,
 		Now:      now,
 		Objs:     make(map[string]*corev1.Node, len(s.Nodes)),

@@ -134,6 +134,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		routes:   routes,
 		ipt4:     ipt4,
 		metrics:  m,
+		settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
 	}
 	r.apiServers = k8s.APIServerAddrs(clients.Config)
 	if ipt6 != nil {

@@ -116,6 +116,9 @@ type reconciler struct {
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered k8s.DiscoveredEndpoints
+	// settings is the meshd.io/settings value this node publishes ("":
+	// none).
+	settings string
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -471,7 +474,11 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 		pub.Endpoint = me.Endpoint.Addr
 	}
 	pub.DiscoveredEndpoints = me.DiscoveredEndpoints
-	_, err := k8s.PublishNode(ctx, r.kube, r.node, k8s.NodeAnnotations(pub), self)
+	want := k8s.NodeAnnotations(pub)
+	if r.settings != "" {
+		want[k8s.AnnotationSettings] = r.settings
+	}
+	_, err := k8s.PublishNode(ctx, r.kube, r.node, want, self)
 	return err
 }
 
