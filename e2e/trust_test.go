@@ -232,7 +232,7 @@ func TestNodeCredentials(t *testing.T) {
 	// The mesh works with these credentials (the DaemonSet's flags that
 	// matter here: --cluster-links=false).
 	for _, n := range []*testbed.Node{n1, n2} {
-		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--cluster-links=false"); err != nil {
+		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--cluster-links=false", "--listen", "0.0.0.0:9477"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -29,7 +29,7 @@ import (
 var version = "dev"
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now}
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now, nodeGet: nodeProxyGet}
 	os.Exit(e.execute(os.Args[1:]))
 }
 
@@ -74,6 +74,9 @@ type env struct {
 	// changed reports whether a global flag was given (set before a
 	// command runs; nil: none was).
 	changed func(name string) bool
+	// nodeGet reaches a node's meshd (nil: through the API server's node
+	// proxy, nodeproxy.go).
+	nodeGet nodeGetter
 }
 
 func newRootCommand(e *env) *cobra.Command {
@@ -113,7 +116,7 @@ so on stderr).`,
 	f.DurationVar(&e.s.timeout, "request-timeout", 30*time.Second, "time limit for reading the cluster")
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))
 
-	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
+	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newCheckCommand(e), newDiagnoseCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
 	return root
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/oklog/run"
@@ -58,6 +59,7 @@ type daemon struct {
 	prober       *probe.Prober
 	probeChanged chan struct{}
 	filter       nodeFilter
+	pingMu       sync.Mutex // one debug ping at a time (debug.go)
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -436,6 +438,7 @@ func (d *daemon) mux() *http.ServeMux {
 		}
 		fmt.Fprintln(w, msg)
 	})
+	d.debugHandlers(mux)
 	return mux
 }
 

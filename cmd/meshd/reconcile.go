@@ -117,8 +117,9 @@ type reconciler struct {
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered k8s.DiscoveredEndpoints
 	// settings is the meshd.io/settings value this node publishes ("":
-	// none).
+	// none); debug keeps the last plan for the debug endpoints (debug.go).
 	settings string
+	debug    debugRecord
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -229,6 +230,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", err))
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
+	r.debug.set(plan, errs)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {

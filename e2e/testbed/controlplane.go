@@ -96,6 +96,10 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 		"--authorization-mode=RBAC",
 		"--allow-privileged",
 		"--profiling=false",
+		// The node proxy (meshctl diagnose, check) dials a node's
+		// InternalIP, as kubeadm configures it; the testbed's Hostname
+		// addresses resolve nowhere.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
 		"--v=1",
 	))
 	if err != nil {
