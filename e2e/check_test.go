@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ import (
 func (s *scenario) meshctlAdmin(args ...string) (stdout, stderr string, code int) {
 	s.t.Helper()
 	if s.adminExt == nil {
-		a, err := tb.AddExternal(s.ctx, "admin")
+		a, err := tb.AddExternal(s.ctx, "ops")
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -209,4 +210,44 @@ func nodeEvent(node, reason, msg string) *corev1.Event {
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
 		Source: corev1.EventSource{Component: "meshd-e2e"},
 	}
+}
+
+// TestMeshctlCheckLinked: with two clusters linked by meshctl link, meshctl
+// check on cluster 1 proves its leader reaches cluster 2's leader through
+// their WireGuard tunnel (kind "cluster"), besides its own pairs.
+func TestMeshctlCheckLinked(t *testing.T) {
+	s := newScenario(t, true)
+	b := s.twoClusters(false)
+	s.link(b)
+	s.crossPing(b, 60*time.Second)
+	// Cluster 1's meshd on the nodes' addresses (as the DaemonSet does).
+	for _, n := range b.one {
+		if err := n.StopMeshd(syscall.SIGTERM, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.startMeshd(b.one, "--mesh-granularity", "location", "--listen", "0.0.0.0:9477")
+	s.crossPing(b, 60*time.Second)
+
+	out, errOut, code := s.meshctlAdmin("check", "-o", "json")
+	var r checkJSON
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("check -o json: %v\n%s\n%s", err, out, errOut)
+	}
+	l1, l2 := s.leaderOf(b.one), s.leaderOf(b.two)
+	cluster := 0
+	for _, p := range r.Pairs {
+		if p.Kind != "cluster" {
+			continue
+		}
+		cluster++
+		if p.From != l1.Name || p.To != "cluster cluster2: cluster-cluster2-"+l2.Name || !p.OK || p.Received == 0 {
+			t.Errorf("pair to the linked cluster: %+v", p)
+		}
+	}
+	if code != 0 || r.Failed != 0 || cluster != 1 || len(r.Pairs) != 3 {
+		t.Errorf("check: exit %d, %d pairs (%d to the linked cluster), %d failed\n%s\n%s", code, len(r.Pairs), cluster, r.Failed, out, errOut)
+	}
+	table, _, _ := s.meshctlAdmin("check")
+	t.Logf("meshctl check with a linked cluster:\n%s", table)
 }

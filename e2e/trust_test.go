@@ -359,7 +359,19 @@ func TestNodeCredentials(t *testing.T) {
 			return nil
 		})
 	}
-	s.assertNoKeyLeaked([]string{psk})
+	// meshctl diagnose and check (meshd's debug endpoints, through the node
+	// proxy) show that the Peer has a preshared key, never the key; the
+	// settings meshd published passed the admission policy.
+	diag, _, code := s.meshctlAdmin("diagnose", n1.Name)
+	if code != 0 || !strings.Contains(diag, "preshared key (not shown)") || !strings.Contains(diag, `"clusterLinks":false`) {
+		t.Errorf("meshctl diagnose %s: exit %d\n%s", n1.Name, code, diag)
+	}
+	diagJSON, _, _ := s.meshctlAdmin("diagnose", n2.Name, "-o", "json")
+	checked, _, code := s.meshctlAdmin("check", "-o", "json")
+	if code != 0 {
+		t.Errorf("meshctl check: exit %d\n%s", code, checked)
+	}
+	s.assertNoKeyLeaked([]string{psk}, diag, diagJSON, checked)
 }
 
 // TestLinkTrust: two clusters linked with `meshctl link` (agreed ranges: pod

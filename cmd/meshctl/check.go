@@ -135,7 +135,7 @@ Output formats (-o): table (default), json, yaml.`,
 	f.IntVar(&port, "meshd-port", 0, "port of meshd's --listen on the nodes (default: what each node publishes, else 9477)")
 	f.IntVar(&count, "count", 3, "echo requests per pair (1-10); a pair passes when one is answered")
 	f.StringSliceVar(&from, "from", nil, "test only from these nodes (comma separated, repeatable)")
-	f.StringSliceVar(&to, "to", nil, "test only to these nodes (comma separated, repeatable)")
+	f.StringSliceVar(&to, "to", nil, "test only to these nodes (comma separated, repeatable; linked clusters are tested unless --no-linked)")
 	f.BoolVar(&noLinked, "no-linked", false, "do not test linked clusters")
 	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
@@ -273,7 +273,7 @@ func (m *model) linkedTargets(linked []linkedCluster, o checkOptions, r *checkRe
 				t := checkTarget{src: s.Leader, srcLeader: s.Leader, wgKey: p.PublicKey, target: addr,
 					pair: checkPair{From: s.Leader, To: to, Kind: "cluster", Address: addr.String()}}
 				t.back = firstAddr(m.Topo.MeshIPs[s.Leader], addr)
-				t.pair.Path = fmt.Sprintf("%s => %s", s.Leader, to)
+				t.pair.Path = s.Leader + " => " + p.Name
 				out = append(out, t)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,8 +14,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 
 	"meshd.io/meshd/pkg/k8s"
+	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 	"meshd.io/meshd/pkg/nodestate"
 )
 
@@ -205,5 +209,42 @@ func TestDiagnoseReport(t *testing.T) {
 	r = runMeshctlWith(t, kube, md, func(e *env) { e.nodeGet = down }, "diagnose", "eu-2")
 	if r.code != 1 || !strings.Contains(r.stdout, "MESHD\n  not reachable: dial tcp: connection refused") || !strings.Contains(r.stdout, "Node eu-2: location eu, leader eu-1") {
 		t.Errorf("unreachable meshd: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestCheckLinkedClusters: every leader is checked against a linked
+// cluster's leader at its mesh address.
+func TestCheckLinkedClusters(t *testing.T) {
+	nodes, leases, peers := fixture()
+	kube := kubefake.NewClientset(append(append(nodes, leases...), linkSecret("c2"))...)
+	md := meshdfake.NewSimpleClientset(peers...)
+	c2 := kubefake.NewClientset(node(nodeSpec{name: "c2-a", region: "x", internal: "192.168.9.1", external: "198.51.100.9", pod: "10.9.0.0/24", key: 20,
+		ann: map[string]string{k8s.AnnotationWireGuardIP: "10.8.0.5"}}))
+	f := &fakeNodes{}
+	r := runMeshctlWith(t, kube, md, func(e *env) {
+		e.nodeGet = f.get
+		e.remoteClients = func([]byte) (*k8s.Clients, error) {
+			return &k8s.Clients{Kube: c2, Config: &rest.Config{Host: "https://c2.example:6443"}}, nil
+		}
+	}, "check", "-o", "json", "--to", "eu-2")
+	var rep checkReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, r.stdout, r.stderr)
+	}
+	var got []string
+	for _, p := range rep.Pairs {
+		if p.Kind == "cluster" {
+			got = append(got, p.From+" "+p.To+" "+p.Path+" "+p.Address)
+			if last := p.Hops[len(p.Hops)-2]; !strings.HasPrefix(last.Name, "wireguard "+p.From+" => cluster c2: ") || last.OK {
+				t.Errorf("%s: wireguard hop %+v (the fake leader has no such peer)", p.From, last)
+			}
+		}
+	}
+	want := "eu-1 cluster c2: cluster-c2-c2-a eu-1 => cluster-c2-c2-a 10.8.0.5\nus-1 cluster c2: cluster-c2-c2-a us-1 => cluster-c2-c2-a 10.8.0.5"
+	if strings.Join(got, "\n") != want {
+		t.Errorf("cluster pairs:\n%s\nwant\n%s", strings.Join(got, "\n"), want)
+	}
+	if !slices.Contains(f.pinged, "eu-1>10.8.0.5") {
+		t.Errorf("pings %q", f.pinged)
 	}
 }

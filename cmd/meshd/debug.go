@@ -223,12 +223,8 @@ func (d *daemon) ping(ctx context.Context, to string, count int) (nodestate.Ping
 		out.Error = "no plan yet"
 		return out, http.StatusServiceUnavailable
 	}
-	known := false
-	for n, ips := range plan.MeshIPs {
-		known = known || n != d.rec.node && slices.Contains(ips, dst)
-	}
-	if !known {
-		out.Error = fmt.Sprintf("%s is not the mesh address of another node in this node's plan", dst)
+	if !pingable(plan, d.rec.node, dst) {
+		out.Error = fmt.Sprintf("%s is not the mesh address of another node, nor a single address a WireGuard peer of this node carries", dst)
 		return out, http.StatusBadRequest
 	}
 	var src netip.Addr
@@ -254,6 +250,23 @@ func (d *daemon) ping(ctx context.Context, to string, count int) (nodestate.Ping
 		return out, http.StatusInternalServerError
 	}
 	return out, http.StatusOK
+}
+
+// pingable: dst is the mesh address of another node of the plan, or a
+// single address (/32, /128) in a WireGuard peer's allowed IPs (a linked
+// cluster's leader, a Peer).
+func pingable(plan *mesh.Plan, self string, dst netip.Addr) bool {
+	for n, ips := range plan.MeshIPs {
+		if n != self && slices.Contains(ips, dst) {
+			return true
+		}
+	}
+	for _, p := range plan.WireGuard.Peers {
+		if slices.Contains(p.AllowedIPs, netip.PrefixFrom(dst, dst.BitLen())) {
+			return true
+		}
+	}
+	return false
 }
 
 // debugHandlers adds the debug endpoints to mux.
