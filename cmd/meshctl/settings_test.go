@@ -1,12 +1,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	clienttesting "k8s.io/client-go/testing"
 
 	"meshd.io/meshd/pkg/k8s"
 )
@@ -145,5 +153,73 @@ func updateNodes(t *testing.T, kube *kubefake.Clientset, nodes []*corev1.Node) {
 		if err := kube.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLinkUsesPublishedSettings: meshctl link takes each cluster's mesh and
+// service CIDRs, granularity and port from what its nodes publish when the
+// flags are not given, and refuses clusters whose published ranges overlap.
+func TestLinkUsesPublishedSettings(t *testing.T) {
+	east, md := fixtureClients()
+	nodes := allNodes(t, east)
+	se := fixtureSettings()
+	se.Granularity, se.MeshCIDRs, se.ServiceCIDRs, se.Port = "location", []string{"10.4.0.0/16"}, []string{"10.96.0.0/12"}, 51820
+	publishSettings(t, nodes, se)
+	updateNodes(t, east, nodes)
+	sw := fixtureSettings()
+	sw.MeshCIDRs, sw.ServiceCIDRs = []string{"10.5.0.0/16"}, []string{"10.112.0.0/12"}
+	west := kubefake.NewClientset(node(nodeSpec{name: "w-1", region: "w", internal: "192.168.9.1", pod: "10.9.0.0/24", key: 30,
+		ann: map[string]string{k8s.AnnotationSettings: sw.Encode()}}))
+	for i, k := range []*kubefake.Clientset{east, west} {
+		if _, err := k.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "meshd-system"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		k.PrependReactor("create", "serviceaccounts", func(a clienttesting.Action) (bool, runtime.Object, error) {
+			if a.GetSubresource() != "token" {
+				return false, nil, nil
+			}
+			return true, &authenticationv1.TokenRequest{Status: authenticationv1.TokenRequestStatus{Token: fmt.Sprintf("tok-%d", i), ExpirationTimestamp: metav1.NewTime(now.Add(time.Hour))}}, nil
+		})
+	}
+	clusters := map[string]*kubefake.Clientset{"k1": east, "k2": west}
+	link := func(args ...string) result {
+		return runMeshctlWith(t, east, md, func(e *env) {
+			e.newClients = func(kubeconfig, _ string) (*k8s.Clients, error) {
+				return &k8s.Clients{Kube: clusters[kubeconfig], Meshd: md, Config: &rest.Config{Host: "https://" + kubeconfig + ".example:6443"}}, nil
+			}
+		}, append([]string{"link", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west", "--insecure-skip-tls-verify"}, args...)...)
+	}
+	r := link()
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	// West's Secret describes east, east's describes west.
+	for _, c := range []struct {
+		k                       *kubefake.Clientset
+		secret, mesh, svc, gran string
+	}{{west, "meshd-link-east", "10.4.0.0/16", "10.96.0.0/12", "location"}, {east, "meshd-link-west", "10.5.0.0/16", "10.112.0.0/12", "full"}} {
+		s, err := c.k.CoreV1().Secrets("meshd-system").Get(context.Background(), c.secret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := s.Annotations; a[k8s.AnnotationRemoteMeshCIDRs] != c.mesh || a[k8s.AnnotationRemoteServiceCIDRs] != c.svc || a[k8s.AnnotationRemoteGranularity] != c.gran {
+			t.Errorf("%s: %v", c.secret, a)
+		}
+	}
+	if s, _ := east.CoreV1().Secrets("meshd-system").Get(context.Background(), "meshd-link-west", metav1.GetOptions{}); s.Annotations[k8s.AnnotationRemotePort] != "51999" {
+		t.Errorf("west's published port not recorded: %v", s.Annotations)
+	}
+
+	// West publishing east's mesh CIDR: refused once the settings are read.
+	sw.MeshCIDRs = []string{"10.4.0.0/16"}
+	w := mustNode(t, west, "w-1").DeepCopy()
+	w.Annotations[k8s.AnnotationSettings] = sw.Encode()
+	updateNodes(t, west, []*corev1.Node{w})
+	if r := link(); r.code != 1 || !strings.Contains(r.stderr, "10.4.0.0/16 of east overlaps 10.4.0.0/16 of west") {
+		t.Errorf("overlapping published ranges: exit %d, %s", r.code, r.stderr)
+	}
+	// A flag given wins.
+	if r := link("--to-mesh-cidr", "10.6.0.0/16"); r.code != 0 {
+		t.Errorf("--to-mesh-cidr given: exit %d, %s", r.code, r.stderr)
 	}
 }
