@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -131,6 +132,12 @@ func TestMeshctlCheck(t *testing.T) {
 		if out, err := tb.RouterExec(s.ctx, append([]string{"iptables", "-I", "FORWARD"}, append(rule, "-j", "DROP")...)...); err != nil {
 			t.Fatalf("cutting the tunnel: %v: %s", err, out)
 		}
+		// The router namespace outlives the scenario (Reset keeps it).
+		t.Cleanup(func() {
+			if out, err := tb.RouterExec(context.Background(), append([]string{"iptables", "-D", "FORWARD"}, append(rule, "-j", "DROP")...)...); err != nil {
+				t.Errorf("removing the tunnel cut: %v: %s", err, out)
+			}
+		})
 	}
 	out, errOut, code = s.meshctlAdmin("check", "-o", "json")
 	r = checkJSON{}
