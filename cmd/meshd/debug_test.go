@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/pkg/nodestate"
 )
 
 // TestDebugPlanHasNoSecrets: the debug state of a plan with a preshared
@@ -64,5 +67,32 @@ func TestDebugPingRefuses(t *testing.T) {
 		if code != http.StatusBadRequest || p.Error == "" || p.Sent != 0 {
 			t.Errorf("to=%s: %d %+v", to, code, p)
 		}
+	}
+}
+
+// TestDebugPingHandler: bad counts and targets are answered with a JSON
+// error and HTTP 400, before anything is sent.
+func TestDebugPingHandler(t *testing.T) {
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)),
+	)
+	if err := f.rec.reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	(&daemon{rec: f.rec}).debugHandlers(mux)
+	for _, q := range []string{"to=10.4.0.1&count=0", "to=10.4.0.1&count=11", "to=10.4.0.1&count=x", "to=192.0.2.9", "to="} {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest("GET", nodestate.PathPing+"?"+q, nil))
+		var p nodestate.Ping
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != http.StatusBadRequest || p.Error == "" || p.Sent != 0 {
+			t.Errorf("%s: HTTP %d %s (%v)", q, w.Code, w.Body, err)
+		}
+	}
+	w := httptest.NewRecorder()
+	mux.ServeHTTP(w, httptest.NewRequest("POST", nodestate.PathPing+"?to=10.4.0.1", nil))
+	if w.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST: HTTP %d", w.Code)
 	}
 }
