@@ -407,7 +407,7 @@ func analyze(m *model, t checkTarget, pr pingResult, before, after map[string]st
 	}
 	for _, n := range []string{t.src, t.dst} {
 		if n != "" && m.Live != nil && m.Leases[n] && !m.Live[n] {
-			add("lease "+n, false, "its heartbeat Lease is stale: meshd is not running there, or cannot reach the API server")
+			add("lease "+n, false, "counted dead: its heartbeat Lease is stale (meshd not running, or cut off from the API server), or the other nodes' data-plane probes vote it down")
 		}
 	}
 	if src.s != nil && t.target.IsValid() {
@@ -415,19 +415,19 @@ func analyze(m *model, t checkTarget, pr pingResult, before, after map[string]st
 		add("route "+t.src, ok, d)
 	}
 	if t.srcLeader != "" && t.srcLeader != t.src {
-		add(underlayHop(after, t.src, t.srcLeader))
+		add(underlayHop(m, after, t.src, t.srcLeader))
 	}
 	if t.wgKey != (wgtypes.Key{}) && t.srcLeader != "" {
 		if t.dstLeader != "" {
-			add(underlayHop(after, t.srcLeader, t.dstLeader))
+			add(underlayHop(m, after, t.srcLeader, t.dstLeader))
 		}
 		add(wireguardHop(t, before[t.srcLeader], after[t.srcLeader]))
 	}
 	if t.srcLeader == "" && t.dst != "" {
-		add(underlayHop(after, t.src, t.dst))
+		add(underlayHop(m, after, t.src, t.dst))
 	}
 	if t.dstLeader != "" && t.dstLeader != t.dst {
-		add(underlayHop(after, t.dstLeader, t.dst))
+		add(underlayHop(m, after, t.dstLeader, t.dst))
 	}
 	if dst := after[t.dst]; t.dst != "" && dst.s != nil && t.back.IsValid() {
 		ok, d := routeCovers(dst.s, t.back)
@@ -493,11 +493,19 @@ func routeCovers(s *nodestate.State, addr netip.Addr) (bool, string) {
 	return true, best
 }
 
-// underlayHop judges the underlay from a to b by a's data-plane probes.
-func underlayHop(after map[string]stateResult, a, b string) (string, bool, string) {
+// underlayHop judges the underlay from a to b by a's data-plane probes:
+// as meshd on a reports them, else as a published them on its Lease.
+func underlayHop(m *model, after map[string]stateResult, a, b string) (string, bool, string) {
 	name := fmt.Sprintf("underlay %s -> %s", a, b)
 	st := after[a]
 	if st.s == nil {
+		rep, ok := m.Reports[a]
+		switch {
+		case ok && slices.Contains(rep.Down, b):
+			return name, false, fmt.Sprintf("%s's Lease reports its probes to %s unanswered (meshd on %s not read)", a, b, a)
+		case ok && slices.Contains(rep.Up, b):
+			return name, true, fmt.Sprintf("probes up, as %s's Lease reports (meshd on %s not read)", a, a)
+		}
 		return name, true, "not known (meshd on " + a + " not read)"
 	}
 	switch v := st.s.Probes.Targets[b]; v {

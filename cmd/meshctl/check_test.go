@@ -248,3 +248,45 @@ func TestCheckLinkedClusters(t *testing.T) {
 		t.Errorf("pings %q", f.pinged)
 	}
 }
+
+// TestCheckUnderlayFromLease: when meshd on the source's leader cannot be
+// read, the underlay hop is judged from the probe report on its Lease.
+func TestCheckUnderlayFromLease(t *testing.T) {
+	kube, md := healthyClients()
+	l, err := kube.CoordinationV1().Leases(k8s.DefaultNamespace).Get(context.Background(), k8s.LeaseName("eu-1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Annotations = map[string]string{k8s.AnnotationProbeDown: "us-1"}
+	if _, err := kube.CoordinationV1().Leases(k8s.DefaultNamespace).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeNodes{broken: true}
+	get := func(ctx context.Context, c *k8s.Clients, node string, port int, path string, q url.Values) ([]byte, error) {
+		if node == "eu-1" && path == nodestate.PathState {
+			return nil, fmt.Errorf("dial tcp: i/o timeout")
+		}
+		return f.get(ctx, c, node, port, path, q)
+	}
+	r := runMeshctlWith(t, kube, md, func(e *env) { e.nodeGet = get }, "check", "--no-linked", "--from", "eu-2", "--to", "us-1", "-o", "json")
+	var rep checkReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("%v: %s %s", err, r.stdout, r.stderr)
+	}
+	// eu-1's vote also makes us-1 count as dead: that is the first hop.
+	if len(rep.Pairs) != 1 || rep.Pairs[0].FailedHop != "lease us-1" || rep.Pairs[0].OK {
+		t.Fatalf("pairs %+v", rep.Pairs)
+	}
+	found := false
+	for _, h := range rep.Pairs[0].Hops {
+		if h.Name == "underlay eu-1 -> us-1" {
+			found = true
+			if h.OK || !strings.Contains(h.Detail, "eu-1's Lease reports its probes to us-1 unanswered") {
+				t.Errorf("hop %+v", h)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no underlay hop eu-1 -> us-1: %+v", rep.Pairs[0].Hops)
+	}
+}

@@ -141,6 +141,8 @@ type model struct {
 	// whether a node has a heartbeat Lease at all.
 	Live   map[string]bool
 	Leases map[string]bool
+	// Reports are the probe reports the nodes publish on their Leases.
+	Reports map[string]k8s.Report
 	// Topo is the cluster-wide topology (no local node).
 	Topo *mesh.Topology
 	// Notes are problems worth a line on stderr.
@@ -185,7 +187,8 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 		m.Live, m.Leases = liveness(s.Leases, set.leaseDuration, now)
 		// The data-plane votes the nodes publish on their Leases, judged
 		// as every meshd judges them (docs/failover.md).
-		m.Live = k8s.Judge(m.Live, leaseReports(s.Leases), k8s.LocationKeys(m.Input.Nodes, opts.Granularity))
+		m.Reports = leaseReports(s.Leases)
+		m.Live = k8s.Judge(m.Live, m.Reports, k8s.LocationKeys(m.Input.Nodes, opts.Granularity))
 	}
 	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live}, opts)
 	if err != nil {
