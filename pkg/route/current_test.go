@@ -15,7 +15,7 @@ func TestCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(routes) != 2 || !strings.HasPrefix(routes[0], "10.5.0.0/16 table 51820") || len(rules) != 1 || !strings.Contains(rules[0], "lookup 51820") {
+	if len(routes) != 2 || !strings.HasPrefix(routes[0], "10.5.0.0/16 table 51820 dev wg0 ") || len(rules) != 1 || !strings.Contains(rules[0], "lookup 51820") {
 		t.Fatalf("routes %q, rules %q", routes, rules)
 	}
 	for r := range ours(f) {
