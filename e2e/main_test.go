@@ -93,6 +93,8 @@ func TestMain(m *testing.M) {
 type scenario struct {
 	t   *testing.T
 	ctx context.Context
+	// adminExt is the outside host meshctlAdmin runs meshctl on (check_test.go).
+	adminExt *testbed.External
 }
 
 func newScenario(t *testing.T, needMeshd bool) *scenario {

@@ -232,7 +232,7 @@ func TestNodeCredentials(t *testing.T) {
 	// The mesh works with these credentials (the DaemonSet's flags that
 	// matter here: --cluster-links=false).
 	for _, n := range []*testbed.Node{n1, n2} {
-		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--cluster-links=false"); err != nil {
+		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--cluster-links=false", "--listen", "0.0.0.0:9477"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -359,7 +359,19 @@ func TestNodeCredentials(t *testing.T) {
 			return nil
 		})
 	}
-	s.assertNoKeyLeaked([]string{psk})
+	// meshctl diagnose and check (meshd's debug endpoints, through the node
+	// proxy) show that the Peer has a preshared key, never the key; the
+	// settings meshd published passed the admission policy.
+	diag, _, code := s.meshctlAdmin("diagnose", n1.Name)
+	if code != 0 || !strings.Contains(diag, "preshared key (not shown)") || !strings.Contains(diag, `"clusterLinks":false`) {
+		t.Errorf("meshctl diagnose %s: exit %d\n%s", n1.Name, code, diag)
+	}
+	diagJSON, _, _ := s.meshctlAdmin("diagnose", n2.Name, "-o", "json")
+	checked, _, code := s.meshctlAdmin("check", "-o", "json")
+	if code != 0 {
+		t.Errorf("meshctl check: exit %d\n%s", code, checked)
+	}
+	s.assertNoKeyLeaked([]string{psk}, diag, diagJSON, checked)
 	// Peer status: each node writes only its own entry (peerstatus_trust_test.go).
 	checkPeerStatusTrust(s, kc[n1.Name], n1, n2, "trust-laptop")
 }

@@ -71,8 +71,9 @@ type snapshot struct {
 	Notes []string
 }
 
-// fetch reads Nodes, Peers and heartbeat Leases.
-func fetch(ctx context.Context, c *connect.Clients, leaseNamespace string) (*snapshot, error) {
+// fetch reads Nodes, Peers and heartbeat Leases; leaseNamespace gives the
+// Leases' namespace from the Nodes (their published settings).
+func fetch(ctx context.Context, c *connect.Clients, leaseNamespaceOf func([]*corev1.Node) string) (*snapshot, error) {
 	s := &snapshot{Server: "the API server"}
 	if c.Config != nil && c.Config.Host != "" {
 		s.Server = c.Config.Host
@@ -94,6 +95,7 @@ func fetch(ctx context.Context, c *connect.Clients, leaseNamespace string) (*sna
 	for i := range pl.Items {
 		s.Peers = append(s.Peers, &pl.Items[i])
 	}
+	leaseNamespace := leaseNamespaceOf(s.Nodes)
 	ll, err := c.Kube.CoordinationV1().Leases(leaseNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		s.Notes = append(s.Notes, fmt.Sprintf("cannot read the heartbeat Leases in namespace %s (%v); assuming every node is live", leaseNamespace, shortError(err)))
@@ -141,12 +143,18 @@ type model struct {
 	// whether a node has a heartbeat Lease at all.
 	Live   map[string]bool
 	Leases map[string]bool
+	// Reports are the probe reports the nodes publish on their Leases.
+	Reports map[string]liveness.Report
 	// Topo is the cluster-wide topology (no local node).
 	Topo *mesh.Topology
 	// Notes are problems worth a line on stderr.
 	Notes []string
 	// Linked are the linked clusters (status only).
 	Linked []linkedCluster
+	// Set are the effective settings (flags, else published, else
+	// defaults); Published what the nodes publish (settings.go).
+	Set       settings
+	Published clusterSettings
 }
 
 // pskPlaceholder stands for a preshared key meshctl does not read: Peers
@@ -158,6 +166,7 @@ var pskPlaceholder = make([]byte, 32)
 func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings, now time.Time, resolve func(context.Context, string) ([]netip.Addr, error)) (*model, error) {
 	m := &model{
 		Server:   s.Server,
+		Set:      set,
 		Opts:     opts,
 		Now:      now,
 		Objs:     make(map[string]*corev1.Node, len(s.Nodes)),
@@ -180,7 +189,8 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 		m.Live, m.Leases = leaseLiveness(s.Leases, set.leaseDuration, now)
 		// The data-plane votes the nodes publish on their Leases, judged
 		// as every meshd judges them (docs/failover.md).
-		m.Live = liveness.Judge(m.Live, leaseReports(s.Leases), convert.LocationKeys(m.Input.Nodes, opts.Granularity))
+		m.Reports = leaseReports(s.Leases)
+		m.Live = liveness.Judge(m.Live, m.Reports, convert.LocationKeys(m.Input.Nodes, opts.Granularity))
 	}
 	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live}, opts)
 	if err != nil {

@@ -38,11 +38,11 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f.StringVar(&s.context, prefix+"context", "", "kubeconfig context of the "+which+" cluster (default: the kubeconfig's current context)")
 	f.StringVar(&s.name, prefix+"name", "", "name of the "+which+" cluster (DNS label; default: its kubeconfig context)")
 	f.StringVar(&s.server, prefix+"server", "", "API server URL of the "+which+" cluster as the other cluster's nodes reach it (default: the kubeconfig's)")
-	f.StringSliceVar(&s.serviceCIDRs, prefix+"service-cidr", nil, "service CIDR(s) of the "+which+" cluster, routed to the other cluster")
-	f.StringSliceVar(&s.meshCIDRs, prefix+"mesh-cidr", []string{"10.4.0.0/16"}, "meshd --mesh-cidr of the "+which+" cluster")
-	f.StringVar(&s.granularity, prefix+"mesh-granularity", string(mesh.GranularityLocation), "meshd --mesh-granularity of the "+which+" cluster")
-	f.StringVar(&s.topology, prefix+"topology-label", convert.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster")
-	f.IntVar(&s.port, prefix+"port", mesh.DefaultPort, "meshd --port of the "+which+" cluster")
+	f.StringSliceVar(&s.serviceCIDRs, prefix+"service-cidr", nil, "service CIDR(s) of the "+which+" cluster, routed to the other cluster (default: its meshd's published --service-cidr)")
+	f.StringSliceVar(&s.meshCIDRs, prefix+"mesh-cidr", []string{"10.4.0.0/16"}, "meshd --mesh-cidr of the "+which+" cluster (default: what its nodes publish, else 10.4.0.0/16)")
+	f.StringVar(&s.granularity, prefix+"mesh-granularity", string(mesh.GranularityLocation), "meshd --mesh-granularity of the "+which+" cluster (default: what its nodes publish, else location)")
+	f.StringVar(&s.topology, prefix+"topology-label", convert.DefaultTopologyLabel, "meshd --topology-label of the "+which+" cluster (default: what its nodes publish)")
+	f.IntVar(&s.port, prefix+"port", mesh.DefaultPort, "meshd --port of the "+which+" cluster (default: what its nodes publish, else 51820)")
 	f.StringSliceVar(&s.allowed, prefix+"allowed-cidr", nil, "ranges the "+which+" cluster may claim besides its mesh and service CIDRs (e.g. its whole pod CIDR and node network; default: its nodes' pod CIDRs, addresses and allowed-location-ips as seen now)")
 }
 
@@ -207,7 +207,7 @@ A cluster whose kubeconfig has no CA data is refused unless
 			if refresh {
 				return e.refreshLinks(cmd.Context(), &from, &to, fs.Name, ts.Name, oneWay, insecure)
 			}
-			if o := overlaps(fs, ts); len(o) > 0 {
+			if o := overlaps(givenOnly(fs, "from-", cmd), givenOnly(ts, "to-", cmd)); len(o) > 0 {
 				return fmt.Errorf("the clusters' ranges overlap, refusing to link:\n  %s", strings.Join(o, "\n  "))
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), e.s.timeout)
@@ -226,6 +226,11 @@ A cluster whose kubeconfig has no CA data is refused unless
 				if !insecure && !hasCA(c.cl) && !(oneWay && c.name == ts.Name) {
 					return fmt.Errorf("cluster %s: %w", c.name, k8s.ErrNoCA)
 				}
+			}
+			// Mesh flags not given come from what each cluster's meshd
+			// publishes (linkpublished.go); overlapping ranges are refused.
+			if fs, ts, err = e.linkSettingsFromClusters(ctx, cmd, &from, &to, fc, tc); err != nil {
+				return err
 			}
 			if err := claimable(ctx, fc, &fs); err != nil {
 				return err

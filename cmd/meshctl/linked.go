@@ -51,12 +51,12 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	if err != nil {
 		return nil, []string{fmt.Sprintf("linked clusters not shown: %v", err)}
 	}
-	sl, err := c.Kube.CoreV1().Secrets(e.s.leaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: k8s.LabelClusterLink + "=true"})
+	sl, err := c.Kube.CoreV1().Secrets(m.Set.leaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: k8s.LabelClusterLink + "=true"})
 	switch {
 	case apierrors.IsForbidden(err):
-		return nil, []string{fmt.Sprintf("linked clusters not shown: not allowed to list Secrets in namespace %s", e.s.leaseNamespace)}
+		return nil, []string{fmt.Sprintf("linked clusters not shown: not allowed to list Secrets in namespace %s", m.Set.leaseNamespace)}
 	case err != nil:
-		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", e.s.leaseNamespace, shortError(err))}
+		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", m.Set.leaseNamespace, shortError(err))}
 	}
 	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, k8s.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
 	newRemote := e.remoteClients

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
@@ -31,7 +32,7 @@ import (
 var version = "dev"
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now}
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, newClients: newClients, now: time.Now, nodeGet: nodeProxyGet}
 	os.Exit(e.execute(os.Args[1:]))
 }
 
@@ -73,6 +74,12 @@ type env struct {
 	// pollInterval is how often status --wait reads again (0: 2s).
 	pollInterval time.Duration
 	s            settings
+	// changed reports whether a global flag was given (set before a
+	// command runs; nil: none was).
+	changed func(name string) bool
+	// nodeGet reaches a node's meshd (nil: through the API server's node
+	// proxy, nodeproxy.go).
+	nodeGet nodeGetter
 }
 
 func newRootCommand(e *env) *cobra.Command {
@@ -84,12 +91,18 @@ with the same planner the meshd DaemonSet runs, what the nodes configure:
 WireGuard configurations of nodes and outside peers, the topology, a status
 overview. It only reads the cluster.
 
-The global --mesh-granularity, --mesh-cidr, --port and --topology-label flags
-describe the cluster's meshd and must match the flags of its DaemonSet;
-otherwise meshctl computes a different mesh than the nodes do.`,
+The global --mesh-granularity, --mesh-cidr, --port, --topology-label,
+--lease-namespace and --lease-duration flags describe the cluster's meshd.
+Each node's meshd publishes its settings (annotation meshd.io/settings), and
+meshctl takes them from there; a flag given on the command line wins (a
+what-if: meshctl then computes a different mesh than the nodes do, and says
+so on stderr).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version,
+	}
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		e.changed = cmd.Flags().Changed
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
@@ -97,16 +110,16 @@ otherwise meshctl computes a different mesh than the nodes do.`,
 	f := root.PersistentFlags()
 	f.StringVar(&e.s.kubeconfig, "kubeconfig", "", "path to the kubeconfig (default: $KUBECONFIG, then ~/.kube/config)")
 	f.StringVar(&e.s.context, "context", "", "the kubeconfig context to use (default: its current context)")
-	f.StringVar(&e.s.granularity, "mesh-granularity", string(mesh.GranularityLocation), "the cluster's meshd --mesh-granularity: location or full")
-	f.StringSliceVar(&e.s.meshCIDRs, "mesh-cidr", []string{"10.4.0.0/16"}, "the cluster's meshd --mesh-cidr (repeatable: one IPv4 and one IPv6)")
-	f.IntVar(&e.s.port, "port", mesh.DefaultPort, "the cluster's meshd --port (WireGuard UDP port)")
-	f.StringVar(&e.s.topologyLabel, "topology-label", convert.DefaultTopologyLabel, "the cluster's meshd --topology-label (Node label giving the location)")
-	f.StringVar(&e.s.leaseNamespace, "lease-namespace", liveness.DefaultNamespace, "the cluster's meshd --lease-namespace (heartbeat Leases, used to tell live nodes for leader election)")
-	f.DurationVar(&e.s.leaseDuration, "lease-duration", 40*time.Second, "the cluster's meshd --lease-duration: a node whose Lease was renewed longer ago counts as dead")
+	f.StringVar(&e.s.granularity, "mesh-granularity", string(mesh.GranularityLocation), "the cluster's meshd --mesh-granularity: location or full (default: what the nodes publish, else location)")
+	f.StringSliceVar(&e.s.meshCIDRs, "mesh-cidr", []string{"10.4.0.0/16"}, "the cluster's meshd --mesh-cidr (repeatable: one IPv4 and one IPv6; default: what the nodes publish, else 10.4.0.0/16)")
+	f.IntVar(&e.s.port, "port", mesh.DefaultPort, "the cluster's meshd --port (WireGuard UDP port; default: what the nodes publish, else 51820)")
+	f.StringVar(&e.s.topologyLabel, "topology-label", convert.DefaultTopologyLabel, "the cluster's meshd --topology-label (Node label giving the location; default: what the nodes publish)")
+	f.StringVar(&e.s.leaseNamespace, "lease-namespace", liveness.DefaultNamespace, "the cluster's meshd --lease-namespace (heartbeat Leases, used to tell live nodes for leader election; default: what the nodes publish)")
+	f.DurationVar(&e.s.leaseDuration, "lease-duration", 40*time.Second, "the cluster's meshd --lease-duration: a node whose Lease was renewed longer ago counts as dead (default: what the nodes publish)")
 	f.DurationVar(&e.s.timeout, "request-timeout", 30*time.Second, "time limit for reading the cluster")
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))
 
-	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
+	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newCheckCommand(e), newDiagnoseCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
 	root.AddCommand(newRotateKeyCommand(e))
 	return root
 }
@@ -283,10 +296,10 @@ a non-leader to its leader (underlay, no WireGuard).
 	return c
 }
 
-// load reads the cluster and computes the model.
+// load reads the cluster and computes the model. Global flags not given
+// take the settings the cluster's meshd publishes (settings.go).
 func (e *env) load(ctx context.Context) (*model, error) {
-	opts, err := e.s.options()
-	if err != nil {
+	if _, err := e.s.options(); err != nil {
 		return nil, usageError{err}
 	}
 	if ctx == nil {
@@ -298,17 +311,30 @@ func (e *env) load(ctx context.Context) (*model, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap, err := fetch(ctx, c, e.s.leaseNamespace)
+	set, cs := e.s, clusterSettings{}
+	var notes []string
+	snap, err := fetch(ctx, c, func(nodes []*corev1.Node) string {
+		cs = readClusterSettings(nodes)
+		set, notes = e.s.withPublished(cs.Settings, e.changed)
+		return set.leaseNamespace
+	})
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range snap.Notes {
+	opts, err := set.options()
+	if err != nil {
+		return nil, fmt.Errorf("the settings the cluster's meshd publishes (meshd.io/settings) are not usable; pass the flags: %w", err)
+	}
+	notes = append(notes, snap.Notes...)
+	notes = append(notes, e.s.overridden(cs.Settings, e.changed)...)
+	for _, n := range notes {
 		fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
 	}
-	m, err := newModel(ctx, snap, opts, e.s, e.now(), e.resolve)
+	m, err := newModel(ctx, snap, opts, set, e.now(), e.resolve)
 	if err != nil {
 		return nil, err
 	}
+	m.Published = cs
 	for _, n := range m.Notes {
 		fmt.Fprintf(e.stderr, "meshctl: warning: %s\n", n)
 	}
@@ -361,7 +387,7 @@ func (e *env) names(ctx context.Context, peers bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap, err := fetch(ctx, c, e.s.leaseNamespace)
+	snap, err := fetch(ctx, c, func([]*corev1.Node) string { return e.s.leaseNamespace })
 	if err != nil {
 		return nil, err
 	}

@@ -538,9 +538,10 @@ func TestLinkRefusesBadPairs(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stderr, `both clusters are named "east"`) {
 		t.Fatalf("same names: exit %d, stderr %q", r.code, r.stderr)
 	}
-	r = runMeshctl(t, kube, md, "link", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west")
+	r = runMeshctl(t, kube, md, "link", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west",
+		"--from-mesh-cidr", "10.4.0.0/16", "--to-mesh-cidr", "10.4.0.0/16")
 	if r.code != 1 || !strings.Contains(r.stderr, "10.4.0.0/16 of east overlaps 10.4.0.0/16 of west") {
-		t.Fatalf("default mesh CIDRs on both sides: exit %d, stderr %q", r.code, r.stderr)
+		t.Fatalf("the same mesh CIDR given on both sides: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if len(kube.Actions()) != 0 {
 		t.Fatalf("a refused link wrote to the cluster: %v", kube.Actions())

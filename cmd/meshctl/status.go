@@ -19,10 +19,13 @@ import (
 // statusReport is what meshctl status shows, in the structure of -o json
 // and -o yaml; the table is rendered from it.
 type statusReport struct {
-	Cluster        string           `json:"cluster"`
-	Granularity    string           `json:"granularity"`
-	MeshCIDRs      []string         `json:"meshCIDRs"`
-	Port           int              `json:"port"`
+	Cluster     string   `json:"cluster"`
+	Granularity string   `json:"granularity"`
+	MeshCIDRs   []string `json:"meshCIDRs"`
+	Port        int      `json:"port"`
+	// SettingsFrom says where the settings come from: "N of M nodes"
+	// (published, meshd.io/settings) or "flags" (no node publishes them).
+	SettingsFrom   string           `json:"settingsFrom"`
 	Nodes          []statusNode     `json:"nodes"`
 	Locations      []statusLocation `json:"locations"`
 	Peers          []statusPeer     `json:"peers"`
@@ -96,6 +99,7 @@ func newStatusReport(m *model) *statusReport {
 		LinkedClusters: []statusLinked{},
 		Links:          []statusLink{},
 		Problems:       []string{},
+		SettingsFrom:   settingsFrom(m.Published),
 	}
 	leaders := map[string]bool{}
 	for _, s := range t.Segments {
@@ -157,6 +161,7 @@ func newStatusReport(m *model) *statusReport {
 		r.LinkedClusters = append(r.LinkedClusters, sl)
 	}
 	ls, problems := m.links()
+	problems = append(problems, m.Published.Problems...)
 	for _, l := range ls {
 		r.Links = append(r.Links, statusLink{From: l.From, To: l.To, RecentHandshake: l.Handshake == recentHandshake})
 	}
@@ -179,8 +184,8 @@ func newStatusReport(m *model) *statusReport {
 // renderStatusTable renders r as the tables of meshctl status.
 func renderStatusTable(r *statusReport, now time.Time) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Cluster %s: granularity %s, mesh CIDRs %s, port %d\n",
-		r.Cluster, r.Granularity, strings.Join(r.MeshCIDRs, ", "), r.Port)
+	fmt.Fprintf(&b, "Cluster %s: granularity %s, mesh CIDRs %s, port %d (settings: %s)\n",
+		r.Cluster, r.Granularity, strings.Join(r.MeshCIDRs, ", "), r.Port, r.SettingsFrom)
 	table := func(title string, header string, rows [][]string) {
 		fmt.Fprintf(&b, "\n%s\n", title)
 		if len(rows) == 0 {

@@ -77,7 +77,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.StringVar(&c.WireGuard, "wireguard", string(wg.ModeAuto), "WireGuard implementation: auto (adopt an existing interface, else kernel, else built-in userspace), kernel or userspace")
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface; auto = underlay MTU minus the WireGuard overhead (80)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "how often the full state is reconciled even without changes (repairs drift)")
-	fs.StringVar(&c.Listen, "listen", "127.0.0.1:9477", "address for /metrics, /healthz and /readyz (the manifests use the node's own address, status.hostIP; never every address of a host with a public one)")
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:9477", "address for /metrics, /healthz, /readyz and the debug state /debug/meshd read by meshctl diagnose and check (the manifests use the node's own address, status.hostIP; never every address of a host with a public one)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text (logfmt) or json; client-go's klog lines are written the same way")
 	fs.BoolVar(&c.LocalRoutes, "local-routes", true, "route pod CIDRs of nodes in the same location via their internal IPs (no other CNI routes needed)")

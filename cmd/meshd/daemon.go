@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/oklog/run"
@@ -65,6 +66,7 @@ type daemon struct {
 	probeChanged chan struct{}
 	filter       nodeFilter
 	peerStatus   *convert.PeerStatusWriter
+	pingMu       sync.Mutex // one debug ping at a time (debug.go)
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -148,6 +150,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		routes:   routes,
 		ipt4:     ipt4,
 		metrics:  m,
+		settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
 	}
 	r.apiServers = k8s.APIServerAddrs(clients.Config)
 	if ipt6 != nil {
@@ -468,6 +471,7 @@ func (d *daemon) mux() *http.ServeMux {
 		}
 		fmt.Fprintln(w, msg)
 	})
+	d.debugHandlers(mux)
 	return mux
 }
 

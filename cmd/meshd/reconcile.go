@@ -126,6 +126,10 @@ type reconciler struct {
 	rotationWarned bool
 	// peerStatus takes the Peer findings of every reconcile (nil: none).
 	peerStatus peerReporter
+	// settings is the meshd.io/settings value this node publishes ("":
+	// none); debug keeps the last plan for the debug endpoints (debug.go).
+	settings string
+	debug    debugRecord
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -246,6 +250,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
 	r.reportPeers(s.peers, objects, plan)
+	r.debug.set(plan, errs)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
 	if len(errs) == 0 {
@@ -529,6 +534,9 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	}
 	want := convert.NodeAnnotations(pub)
 	maps.Copy(want, r.rotationAnnotations(sw))
+	if r.settings != "" {
+		want[convert.AnnotationSettings] = r.settings
+	}
 	_, err := convert.PublishNode(ctx, r.kube, r.node, want, self)
 	return err
 }

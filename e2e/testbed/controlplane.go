@@ -13,7 +13,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -96,6 +97,10 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 		"--authorization-mode=RBAC",
 		"--allow-privileged",
 		"--profiling=false",
+		// The node proxy (meshctl diagnose, check) dials a node's
+		// InternalIP, as kubeadm configures it; the testbed's Hostname
+		// addresses resolve nowhere.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
 		"--v=1",
 	))
 	if err != nil {
