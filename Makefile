@@ -80,9 +80,10 @@ bench:
 
 ## bench-scale: the scale benchmark (not part of test): 1,000 Nodes with live
 ## heartbeats, 3 real daemons, full and location mesh; reports figures (see
-## docs/scale.md). BENCH_NODES, BENCH_STEADY, BENCH_MODES, ... tune it.
+## docs/scale.md). BENCH_NODES, BENCH_STEADY, BENCH_MODES, ... tune it. meshd is
+## built without the race detector (E2E_RACE=0): it would measure the detector.
 bench-scale: deps kube-binaries
-	BENCH_SCALE=1 $(GO) test -tags e2e -count=1 -timeout 180m -v -run '^TestBenchScale$$' ./e2e/
+	E2E_RACE=$(or $(E2E_RACE),0) BENCH_SCALE=1 $(GO) test -tags e2e -count=1 -timeout 180m -v -run '^TestBenchScale$$' ./e2e/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 5s; FUZZTIME=5m make fuzz for longer).
 .PHONY: fuzz

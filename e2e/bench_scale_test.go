@@ -5,10 +5,13 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"debug/buildinfo"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,7 +35,8 @@ import (
 // does not converge at all (then there is no figure to report).
 //
 // Per mode (full mesh, location mesh): 3 real nodes (n1, n2 in location a,
-// n3 in b; in-process WireGuard, meshd's default --resync-period 30s) and
+// n3 in b; in-process WireGuard, meshd's default --resync-period 30s and
+// --log-level info) and
 // BENCH_NODES-3 fake Nodes whose heartbeat Leases the benchmark renews every
 // 10 s for the whole run (meshd's own rate: --lease-duration 40s / 4).
 //  1. BENCH_NODES-3-BENCH_BURST fakes exist, meshd starts on the real nodes
@@ -55,9 +59,15 @@ import (
 //
 // Environment: BENCH_SCALE=1 (required), BENCH_NODES (1000), BENCH_BURST
 // (500, at most half the fakes), BENCH_LOCATIONS (10), BENCH_STEADY (5m),
-// BENCH_SETTLE (30s), BENCH_CHANGES (20), BENCH_MODES ("full,location"),
+// BENCH_SETTLE (2m: wireguard-go retries the handshake with each fake, which
+// never answers, for about 90 s after the peer is created or n1 restarts; the
+// steady window starts after that), BENCH_CHANGES (20), BENCH_MODES ("full,location"),
 // BENCH_MESHD (another meshd binary, e.g. an older build, to compare),
-// BENCH_OUT (a file the summary is appended to).
+// BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
+// BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
+// directory: meshd runs with --debug-pprof and the benchmark saves a CPU
+// profile of n2 over the steady window and every daemon's heap profile at
+// its end; profiling adds a little CPU to n2).
 func TestBenchScale(t *testing.T) {
 	if os.Getenv("BENCH_SCALE") == "" {
 		t.Skip("the scale benchmark runs with make bench-scale (BENCH_SCALE=1)")
@@ -72,7 +82,7 @@ type benchConfig struct {
 	nodes, burst, locations, changes int
 	steady, settle                   time.Duration
 	modes                            []string
-	meshd, out                       string
+	meshd, out, profile              string
 }
 
 func benchConfigFromEnv(t *testing.T) benchConfig {
@@ -103,9 +113,10 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 		locations: num("BENCH_LOCATIONS", 10),
 		changes:   num("BENCH_CHANGES", 20),
 		steady:    dur("BENCH_STEADY", 5*time.Minute),
-		settle:    dur("BENCH_SETTLE", 30*time.Second),
+		settle:    dur("BENCH_SETTLE", 2*time.Minute),
 		meshd:     os.Getenv("BENCH_MESHD"),
 		out:       os.Getenv("BENCH_OUT"),
+		profile:   os.Getenv("BENCH_PROFILE"),
 		modes:     strings.Split(cmpOr(os.Getenv("BENCH_MODES"), "full,location"), ","),
 	}
 	fakes := c.nodes - 3
@@ -141,11 +152,17 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		tb.MeshdBinary = cfg.meshd
 		t.Cleanup(func() { tb.MeshdBinary = old })
 	}
-	rep := &benchReport{t: t, title: fmt.Sprintf("%s mesh, %d nodes (3 real, %d fake, %d locations of fakes), meshd %s",
-		mode, cfg.nodes, cfg.nodes-3, cfg.locations, cmpOr(cfg.meshd, "of this tree"))}
+	rep := &benchReport{t: t, title: fmt.Sprintf("%s mesh, %d nodes (3 real, %d fake, %d locations of fakes), meshd %s%s",
+		mode, cfg.nodes, cfg.nodes-3, cfg.locations, cmpOr(cfg.meshd, "of this tree"), raceNote(tb.MeshdBinary))}
 	nodes := s.scaleMesh()
 	n1 := nodes[0]
-	args := []string{"--mesh-granularity", mode, "--resync-period", "30s"}
+	// The DaemonSet's defaults: --resync-period 30s and --log-level info
+	// (the testbed's debug level logs every wireguard-go handshake attempt,
+	// which at 1,000 peers is a cost of the benchmark, not of meshd).
+	args := []string{"--mesh-granularity", mode, "--resync-period", "30s", "--log-level", cmpOr(os.Getenv("BENCH_LOG_LEVEL"), "info")}
+	if cfg.profile != "" {
+		args = append(args, "--debug-pprof", benchPprofAddr)
+	}
 
 	hb, err := tb.StartFakeHeartbeats(ctx, 10*time.Second)
 	if err != nil {
@@ -339,10 +356,28 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	time.Sleep(cfg.settle)
 	a0, w0, d0, h0 := s.apiWrites(), s.watchEvents(), s.daemonStats(nodes), time.Now()
 	hbR0, hbF0 := hb.Counts()
+	profiled := make(chan error, 1)
+	if cfg.profile != "" { // a CPU profile of n2 over the window
+		go func() {
+			profiled <- benchProfile(ctx, nodes[1], fmt.Sprintf("profile?seconds=%d", int(cfg.steady.Seconds())),
+				filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s.cpu.pprof", mode, cfg.nodes, nodes[1].Name)), cfg.steady+time.Minute)
+		}()
+	}
 	time.Sleep(cfg.steady)
 	a1, w1, d1, elapsed := s.apiWrites(), s.watchEvents(), s.daemonStats(nodes), time.Since(h0)
 	hbR1, hbF1 := hb.Counts()
 	mins := elapsed.Minutes()
+	if cfg.profile != "" {
+		if err := <-profiled; err != nil {
+			t.Errorf("CPU profile: %v", err)
+		}
+		for _, n := range nodes {
+			if err := benchProfile(ctx, n, "heap", filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s.heap.pprof", mode, cfg.nodes, n.Name)), time.Minute); err != nil {
+				t.Errorf("heap profile: %v", err)
+			}
+		}
+		rep.add("profiles", "CPU (n2, the steady window) and heap (end of the window) profiles in "+cfg.profile)
+	}
 	rep.add("steady", fmt.Sprintf("window %.0f s after %.0f s of settling; fake Lease renewals %d (%d failed)", elapsed.Seconds(), cfg.settle.Seconds(), hbR1-hbR0, hbF1-hbF0))
 	for _, n := range nodes {
 		x, y := d0[n.Name], d1[n.Name]
@@ -373,6 +408,56 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	}
 	rep.add("watch events", fmt.Sprintf("sent by the API server (apiserver_watch_events_total; 3 real daemons watching): %s", strings.Join(watch, ", ")))
 	rep.flush(cfg.out)
+}
+
+// raceNote warns in the report when meshd was built with the race
+// detector (E2E_RACE unset): it multiplies CPU and memory several times
+// (at 1,000 nodes in full mesh: 940 MB of RSS instead of 260-290 MB), so its figures
+// are not meshd's. make bench-scale sets E2E_RACE=0.
+func raceNote(bin string) string {
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return ""
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" && s.Value == "true" {
+			return " (BUILT WITH -race: CPU and RSS are the race detector's, not meshd's; run with E2E_RACE=0)"
+		}
+	}
+	return ""
+}
+
+// benchPprofAddr is where meshd serves profiles in its node's namespace
+// when BENCH_PROFILE is set.
+const benchPprofAddr = "127.0.0.1:6060"
+
+// benchProfile saves /debug/pprof/<what> of meshd on n to file.
+func benchProfile(ctx context.Context, n *testbed.Node, what, file string, timeout time.Duration) error {
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: testbed.NetnsDialer("/run/netns/" + n.NS), DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+benchPprofAddr+"/debug/pprof/"+what, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s on %s: HTTP %d", what, n.Name, resp.StatusCode)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // benchReport collects the figures of one run and logs them together.

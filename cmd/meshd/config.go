@@ -49,6 +49,9 @@ type config struct {
 	TakeoverDelay time.Duration
 	// PeerMetricsLimit caps the per-peer metric series (peermetrics.go).
 	PeerMetricsLimit int
+	// DebugPprof is the address of the opt-in net/http/pprof listener;
+	// empty (the default) serves none.
+	DebugPprof string
 }
 
 // defaultHostname is $NODE_NAME, then the host name.
@@ -90,6 +93,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.IntVar(&c.ProbePort, "probe-port", 51821, "UDP port of the data-plane probes between nodes (leader failover within seconds: a leader that stops answering its location or the other locations is replaced); the same on every node; 0 turns probing off (failover by --lease-duration only)")
 	fs.DurationVar(&c.TakeoverDelay, "takeover-delay", 30*time.Second, "how long a node that came back (Lease renewed, probes answered) must stay healthy before it takes its location's leadership back")
 	fs.IntVar(&c.PeerMetricsLimit, "peer-metrics-limit", defaultPeerMetricsLimit, "at most this many WireGuard peers get per-peer series (meshd_wireguard_peer_*): Peer objects and linked clusters first, then locations, then nodes; 0 turns per-peer series off (meshd_wireguard_peers_handshake_recent counts them all; see docs/metrics.md)")
+	fs.StringVar(&c.DebugPprof, "debug-pprof", "", "address of a separate listener for Go profiles (/debug/pprof/, e.g. 127.0.0.1:6060) for debugging CPU and memory; empty (the default) serves none. Never expose it beyond the node")
 	return fs
 }
 
@@ -209,6 +213,11 @@ func (c *config) validate(o mesh.Options) []error {
 	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("--state-dir is empty: the private key and the last applied state live there"))
+	}
+	if c.DebugPprof != "" {
+		if _, _, err := net.SplitHostPort(c.DebugPprof); err != nil {
+			errs = append(errs, fmt.Errorf("--debug-pprof %q: want [host]:port: %w", c.DebugPprof, err))
+		}
 	}
 	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("--listen %q: want [host]:port: %w", c.Listen, err))

@@ -165,12 +165,17 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: convert.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
-	// Lean caches (cache.go): only what meshd reads is kept.
-	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithTransform(leanNode))
+	// Lean caches (cache.go): only what meshd reads is kept. No informer
+	// resync (period 0): a resync replays every cached object to the
+	// handlers, which at 1,000 nodes means re-parsing 1,000 Nodes and
+	// re-observing 1,000 Leases per period only for the handlers to drop
+	// them as unchanged; the resync ticker (tick) reconciles from the caches
+	// every --resync-period instead.
+	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
-	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
-	d.peers = connect.NewPeerInformer(clients, c.ResyncPeriod)
+	d.peers = connect.NewPeerInformer(clients, noInformerResync)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
 		return nil, err
 	}
@@ -187,7 +192,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
-	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
+	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
 	r.secrets = secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
 	d.dns = dnscache.NewResolver(dnscache.ResolverOptions{OnChange: d.enqueue, Logger: log})
 	r.dns = d.dns.Lookup
@@ -202,6 +207,10 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	}
 	return d, nil
 }
+
+// noInformerResync turns off the informers' own periodic replay of their
+// caches (see newDaemon); the resync ticker covers drift.
+const noInformerResync time.Duration = 0
 
 // enqueue asks for a reconcile soon; repeated calls coalesce.
 func (d *daemon) enqueue() { d.coalesce.signal() }
@@ -367,6 +376,9 @@ func (d *daemon) Run(ctx context.Context) error {
 	add(d.runHeartbeat)
 	if d.prober != nil {
 		add(d.prober.Run)
+	}
+	if d.cfg.DebugPprof != "" { // opt-in Go profiles
+		add(func(pctx context.Context) error { return servePprof(pctx, d.log, d.cfg.DebugPprof) })
 	}
 	{ // HTTP: metrics and probes
 		srv := &http.Server{Addr: d.cfg.Listen, Handler: d.mux(), ReadHeaderTimeout: 5 * time.Second}

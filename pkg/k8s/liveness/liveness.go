@@ -153,6 +153,23 @@ type Liveness struct {
 	judged map[string]bool
 	// last is the decision returned by the last Decide call.
 	last Decision
+	// quietUntil: until then, with no input changed (see touch), the
+	// decision is last; Changed answers without evaluating every node.
+	quietUntil time.Time
+}
+
+// touch forgets quietUntil: an input of the decision changed.
+func (l *Liveness) touch() { l.quietUntil = time.Time{} }
+
+// quiet records, after an evaluation at now that equals last, that only
+// the clock can change the decision, at the next deadline (a Lease expiring,
+// a node done settling; never while frozen and nothing settles).
+func (l *Liveness) quiet(now time.Time) {
+	t, ok := l.nextChange(now)
+	if !ok {
+		t = now.Add(24 * time.Hour) // only new input changes it (touch)
+	}
+	l.quietUntil = t
 }
 
 type observation struct {
@@ -177,6 +194,7 @@ func (l *Liveness) SetTakeoverDelay(d time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.takeover = d
+	l.touch()
 }
 
 // Observe records a heartbeat Lease (from an informer's add or update). It
@@ -207,7 +225,13 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 		at = now.Add(-l.timeout)
 	}
 	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, report: report}
-	return !known || !l.leaseLive(prev, now) || !prev.report.equal(report)
+	// A renewal of a lease-live node with the same report only moves its
+	// expiry later: quietUntil stays a safe (early) bound.
+	if !known || !l.leaseLive(prev, now) || !prev.report.equal(report) {
+		l.touch()
+		return true
+	}
+	return false
 }
 
 // Forget drops a node (its Lease or Node was deleted).
@@ -217,6 +241,7 @@ func (l *Liveness) Forget(nodeName string) {
 	delete(l.seen, nodeName)
 	delete(l.since, nodeName)
 	delete(l.judged, nodeName)
+	l.touch()
 }
 
 // SetAPIReachable tells whether this node can reach the API server (its own
@@ -229,6 +254,7 @@ func (l *Liveness) SetAPIReachable(ok bool) bool {
 	switch {
 	case !ok && l.frozenAt.IsZero():
 		l.frozenAt = now
+		l.touch()
 		return true
 	case ok && !l.frozenAt.IsZero():
 		d := now.Sub(l.frozenAt)
@@ -237,6 +263,7 @@ func (l *Liveness) SetAPIReachable(ok bool) bool {
 			l.seen[n] = o
 		}
 		l.frozenAt = time.Time{}
+		l.touch()
 		return true
 	}
 	return false
@@ -258,8 +285,10 @@ func (l *Liveness) Decide(location map[string]string) Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.location = location
-	d := l.evaluate(l.now())
+	now := l.now()
+	d := l.evaluate(now)
 	l.last = d
+	l.quiet(now)
 	return Decision{Live: maps.Clone(d.Live), Settling: maps.Clone(d.Settling)}
 }
 
@@ -274,10 +303,22 @@ func (l *Liveness) Live() map[string]bool {
 // Changed reports whether the decision now differs from the one the last
 // Decide returned: a node expired, was voted down or up, or finished
 // settling. The caller reconciles then.
+//
+// It is called every second (and on Lease changes): while no input changed
+// and no deadline passed since the last evaluation equal to the decision,
+// it answers without evaluating every node.
 func (l *Liveness) Changed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.evaluate(l.now()).equal(l.last)
+	now := l.now()
+	if now.Before(l.quietUntil) {
+		return false
+	}
+	if l.evaluate(now).equal(l.last) {
+		l.quiet(now)
+		return false
+	}
+	return true
 }
 
 // NextChange returns when a decision is next due to change by the clock
@@ -285,7 +326,10 @@ func (l *Liveness) Changed() bool {
 func (l *Liveness) NextChange() (t time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	now := l.now()
+	return l.nextChange(l.now())
+}
+
+func (l *Liveness) nextChange(now time.Time) (t time.Time, ok bool) {
 	add := func(c time.Time) {
 		if c.After(now) && (!ok || c.Before(t)) {
 			t, ok = c, true

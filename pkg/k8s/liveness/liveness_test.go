@@ -1,6 +1,7 @@
 package liveness
 
 import (
+	"fmt"
 	"reflect"
 	"sync"
 	"testing"
@@ -123,5 +124,71 @@ func TestLiveness(t *testing.T) {
 	}
 	if !l.Observe(lease("a", "3", clock.Now())) || !l.Live()["a"] {
 		t.Error("a renewal of a Lease stale on first sight did not make it live")
+	}
+}
+
+// TestLivenessChangedQuiet checks Changed's shortcut (no evaluation while
+// no input changed and no deadline passed) against a Liveness that
+// evaluates every time: same inputs, same clock, same answers. Nodes renew
+// on schedule, some stop renewing and come back, one publishes a probe
+// report voting another down, the API server becomes unreachable for a while.
+func TestLivenessChangedQuiet(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	fast, ref := NewLiveness(40*time.Second, clock.Now), NewLiveness(40*time.Second, clock.Now)
+	for _, l := range []*Liveness{fast, ref} {
+		l.SetTakeoverDelay(30 * time.Second)
+	}
+	loc := map[string]string{"a": "x", "b": "x", "c": "x", "d": "y", "e": "y"}
+	rv := map[string]int{}
+	renew := func(node string, report Report) {
+		rv[node]++
+		le := lease(node, fmt.Sprint(rv[node]), clock.Now())
+		le.Annotations = ReportAnnotations(report)
+		if a, b := fast.Observe(le), ref.Observe(le); a != b {
+			t.Fatalf("Observe(%s) = %v, reference %v", node, a, b)
+		}
+	}
+	changes, trues := 0, 0
+	for step := 0; step < 600; step++ { // 10 minutes in 1 s steps
+		sec := step
+		for i, n := range []string{"a", "b", "c", "d", "e"} {
+			if sec%10 != i {
+				continue
+			}
+			switch {
+			case n == "c" && sec >= 100 && sec < 200: // c stops renewing, then comes back
+			case n == "e" && sec >= 300 && sec < 420:
+			case n == "a" && sec >= 250 && sec < 280: // a votes d down for a while
+				renew(n, Report{Down: []string{"d"}})
+			default:
+				renew(n, Report{})
+			}
+		}
+		switch sec {
+		case 450:
+			fast.SetAPIReachable(false)
+			ref.SetAPIReachable(false)
+		case 500:
+			fast.SetAPIReachable(true)
+			ref.SetAPIReachable(true)
+		}
+		ref.touch() // the reference always evaluates
+		got, want := fast.Changed(), ref.Changed()
+		if got != want {
+			t.Fatalf("at %d s: Changed() = %v, reference %v", sec, got, want)
+		}
+		if got {
+			trues++
+		}
+		if got || sec%30 == 0 { // the reconcile (and the resync) decides
+			changes++
+			if a, b := fast.Decide(loc), ref.Decide(loc); !a.equal(b) {
+				t.Fatalf("at %d s: Decide = %v, reference %v", sec, a, b)
+			}
+		}
+		clock.Step(time.Second)
+	}
+	if trues < 4 || changes < 24 {
+		t.Errorf("%d decision changes, %d decisions: the scenario exercised too little", trues, changes)
 	}
 }
