@@ -348,3 +348,22 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 		return nil
 	})
 }
+
+// TestMCSCRDsMissing: without the MCS CRDs the mirror says so in an Event on
+// its namespace (and a log line) and keeps mirroring.
+func TestMCSCRDsMissing(t *testing.T) {
+	dyn := newLocalDynamic()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "meshd-system"}}
+	e := start(t, Options{ClusterID: localID, LocalDynamic: dyn, StaticRemotes: true, EventNamespace: "meshd-system"},
+		[]runtime.Object{ns}, shopRemote("c1"))
+	eventually(t, func() error {
+		for _, ev := range e.events() {
+			if strings.Contains(ev, EventReasonMCSCRDsMissing) && strings.Contains(ev, "manifests/components/mcs-crds") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s Event", EventReasonMCSCRDsMissing)
+	})
+	// The Linkerd-style mirror is still written.
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+}
