@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -183,6 +184,9 @@ func TestMultiClusterServices(t *testing.T) {
 	}, nil, false)
 	s.mcsExport(c1, "ports")
 	s.waitImport(c2, "ports", budgetImport, nil)
+	// Creation timestamps have a resolution of one second (ties go to the
+	// lower cluster ID): make cluster 2's export the newer one.
+	time.Sleep(1100 * time.Millisecond)
 	s.mcsService(c2, "ports", func(sp *corev1.ServiceSpec) {
 		sp.Ports = []corev1.ServicePort{
 			{Name: "http", Port: 81, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
@@ -251,7 +255,9 @@ func TestMultiClusterServices(t *testing.T) {
 	}
 	t.Logf("headless db: ServiceImport %s without IPs, slice with %s (hostname db-0)", db.Spec.Type, srv1.IP)
 
-	// 6. Type conflict: cluster 2 exports db as a ClusterIP Service.
+	// 6. Type conflict: cluster 2 exports db as a ClusterIP Service (a
+	// second later: the newer export).
+	time.Sleep(1100 * time.Millisecond)
 	s.mcsService(c2, "db", nil, []*testbed.Pod{srv2}, false)
 	s.mcsExport(c2, "db")
 	s.waitConditions(c2, "db", budgetConditions, map[string]string{"Valid": "True/Valid", "Conflict": "True/TypeConflict"})
@@ -292,7 +298,75 @@ func TestMultiClusterServices(t *testing.T) {
 		t.Logf("cluster 2's mirror metrics:\n%s", grepLines(m, "meshd_mcs_"))
 	}
 
-	// 10. Unexport web in both clusters: ServiceImport and slices gone
+	// 10. A restart that cannot reach cluster 1 (linkerd2#12499): the new
+	// mirror of cluster 2 never deletes what it has not resynced. Then a
+	// normal restart.
+	stickySlices := s.importSliceNames(c2, "sticky")
+	procs["mirror-c2"].Stop(5 * time.Second)
+	unreachable := filepath.Join(b.c2.Dir, "unreachable-c1.kubeconfig")
+	kcData, err := os.ReadFile(tb.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := serverLine.ReplaceAllString(string(kcData), "${1}https://127.0.0.1:1")
+	if bad == string(kcData) {
+		t.Fatalf("%s: no server line", tb.Kubeconfig)
+	}
+	if err := os.WriteFile(unreachable, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startC2 := func(name, remote string) {
+		p, err := b.admin.Start(name, tb.MeshdBinary, "mirror", "--kubeconfig", kc2, "--remote-kubeconfig", remote,
+			"--remote-name", "cluster1", "--namespace", testbed.LeaseNamespace, "--leader-elect=false",
+			"--mirror-services=false", "--listen", "127.0.0.1:9481", "--log-level", "debug")
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[name] = p
+	}
+	startC2("mirror-c2-blind", unreachable)
+	s.eventually(30*time.Second, 250*time.Millisecond, "the blind mirror of cluster 2 runs its MCS workers", func() error {
+		if !strings.Contains(testbed.Tail(procs["mirror-c2-blind"].LogPath, 400), "writing Multi-Cluster Services objects") {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	never := func(d time.Duration, f func() error) {
+		t.Helper()
+		end := time.Now().Add(d)
+		for time.Now().Before(end) {
+			if err := f(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	never(10*time.Second, func() error {
+		if got := s.importSliceNames(c2, "sticky"); !slices.Equal(got, stickySlices) {
+			return fmt.Errorf("cluster 1's slices of sticky changed before cluster 1 resynced: %v -> %v", stickySlices, got)
+		}
+		for _, n := range []string{"web", "sticky", "ports", "db"} {
+			if _, err := c2.dyn.Resource(mirror.ServiceImportGVR).Namespace(mcsNS).Get(ctx, n, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("ServiceImport %s deleted before cluster 1 resynced: %v", n, err)
+			}
+		}
+		// Exported by both clusters: a partial view (cluster 2's alone)
+		// would change the ports to http:81 and admin:9090.
+		var ports []string
+		for _, p := range s.getImport(c2, "ports").Spec.Ports {
+			ports = append(ports, fmt.Sprintf("%s:%d", p.Name, p.Port))
+		}
+		if !slices.Equal(ports, []string{"admin:9090", "http:80"}) {
+			return fmt.Errorf("ServiceImport ports changed before cluster 1 resynced: %v", ports)
+		}
+		return nil
+	})
+	t.Logf("RESTART without cluster 1: ServiceImports and cluster 1's slices kept for 10s by the new mirror")
+	procs["mirror-c2-blind"].Stop(5 * time.Second)
+	startC2("mirror-c2-again", tb.Kubeconfig)
+	s.waitImportSlices(c2, "sticky", budgetSlices, map[string][]string{"": {srv1.IP.String()}})
+
+	// 11. Unexport web in both clusters: ServiceImport and slices gone
 	// within the budgets, in both clusters.
 	start = time.Now()
 	for _, c := range []mcsCluster{c1, c2} {
@@ -327,6 +401,23 @@ func TestMultiClusterServices(t *testing.T) {
 		return nil
 	})
 }
+
+// importSliceNames are the names of the imported slices of name in c.
+func (s *scenario) importSliceNames(c mcsCluster, name string) []string {
+	s.t.Helper()
+	l, err := c.kube.DiscoveryV1().EndpointSlices(mcsNS).List(s.ctx, metav1.ListOptions{LabelSelector: mirror.LabelServiceName + "=" + name})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var out []string
+	for _, sl := range l.Items {
+		out = append(out, sl.Name+"@"+sl.ResourceVersion)
+	}
+	slices.Sort(out)
+	return out
+}
+
+var serverLine = regexp.MustCompile(`(?m)^(\s*server: ).*$`)
 
 func deref[T any](p *T) T {
 	var zero T

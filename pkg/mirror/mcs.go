@@ -272,6 +272,18 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 			slices: r.endpointSlices(nn.Namespace, nn.Name), notReady: !r.self && m.notReady(r),
 		})
 	}
+	if !complete {
+		// The import lists a cluster not synced yet (a restart, a new
+		// leader): a partial view would change its ports, type or slices.
+		// Wait for the resync, which queues every key again.
+		if si, err := m.localImport(nn); err == nil && si != nil && ownsImport(si) {
+			for _, cl := range si.Status.Clusters {
+				if !seen[cl.Cluster] {
+					return nil
+				}
+			}
+		}
+	}
 	mg := mergeExports(cs)
 	_, nsExists, _ := c.nss.GetIndexer().GetByKey(nn.Namespace)
 	var importErr error
@@ -462,6 +474,14 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 	var clusters []mcsv1beta1.ClusterStatus
 	for _, cst := range cs {
 		clusters = append(clusters, mcsv1beta1.ClusterStatus{Cluster: cst.cluster})
+	}
+	if !complete {
+		// Clusters not synced yet keep their place until they are.
+		for _, cl := range si.Status.Clusters {
+			if !seen[cl.Cluster] {
+				clusters = append(clusters, cl)
+			}
+		}
 	}
 	sort.Slice(clusters, func(i, j int) bool { return clusters[i].Cluster < clusters[j].Cluster })
 	status := si.Status.DeepCopy()

@@ -307,6 +307,7 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 	si.SetUID("si-uid")
 	si.SetLabels(map[string]string{k8s.LabelManagedBy: k8s.ManagedBy})
 	_ = unstructured.SetNestedField(si.Object, "Headless", "spec", "type")
+	_ = unstructured.SetNestedSlice(si.Object, []any{map[string]any{"cluster": "c9"}}, "status", "clusters")
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: mcsSliceName(nn, "c9", "x"), Namespace: "shop", Labels: map[string]string{
 			k8s.LabelManagedBy: k8s.ManagedBy, LabelServiceName: "web", LabelSourceCluster: "c9", discoveryv1.LabelManagedBy: ManagedByMirror}},
@@ -318,9 +319,11 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 	c9.dyn.PrependReactor("list", "serviceexports", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, fmt.Errorf("connection refused")
 	})
-	dyn := newLocalDynamic(si)
+	// The local cluster exports web as a ClusterIP Service: a partial view
+	// would turn the import into ClusterSetIP.
+	dyn := newLocalDynamic(si, exportAt("shop", "web", t0))
 	opts := Options{NoMirrors: true, ClusterID: localID, LocalDynamic: dyn, StaticRemotes: true, ProbeInterval: 5 * time.Millisecond}
-	e := &mcsEnv{env: &env{t: t, local: fake.NewClientset(localObjects(nil, slice)...), clock: &fakeClock{t: t0}, metrics: NewMetrics(nil), done: make(chan struct{})}, dyn: dyn}
+	e := &mcsEnv{env: &env{t: t, local: fake.NewClientset(localObjects(remoteService("shop", "web", "10.96.0.10", 80), slice)...), clock: &fakeClock{t: t0}, metrics: NewMetrics(nil), done: make(chan struct{})}, dyn: dyn}
 	mcsDiscovery(e.local)
 	opts.Now, opts.Resync = e.clock.Now, -1
 	e.c = New(testLogger(t), e.local, nil, e.metrics, opts)
@@ -339,8 +342,12 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 	})
 	e.c.mcs.enqueue("shop", "web")
 	never(t, 300*time.Millisecond, func() error {
-		if _, err := e.serviceImport("shop", "web"); err != nil {
+		got, err := e.serviceImport("shop", "web")
+		if err != nil {
 			return fmt.Errorf("the ServiceImport was deleted before c9 synced: %v", err)
+		}
+		if got.Spec.Type != mcsv1beta1.Headless || len(got.Status.Clusters) != 1 {
+			return fmt.Errorf("the ServiceImport was changed from a partial view: %+v %+v", got.Spec, got.Status)
 		}
 		if n := len(e.importSlices("shop", "web")); n != 1 {
 			return fmt.Errorf("c9's slice deleted before c9 synced (%d slices)", n)
