@@ -18,7 +18,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	sigs.k8s.io/mcs-api v0.5.2 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -46,7 +46,7 @@ cd "$ROOT"
 # lint output goes to stderr so stdout is only the rendered YAML.
 "$HELM" lint charts/meshd >&2
 "$HELM" lint charts/meshd >&2 \
-	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,namespace.create=true,clusterLinks.enabled=true \
+	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,mcsCRDs.install=true,namespace.create=true,clusterLinks.enabled=true \
 	--set metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,updateStrategy.maxUnavailable=10% \
 	--set 'serviceCIDRs={10.96.0.0/12}' --set 'meshCIDRs={10.4.0.0/16,fd6d:6573:6864::/64}'
 # The chart cannot read files outside its directory: its dashboard is a copy.
@@ -55,6 +55,14 @@ if ! cmp -s docs/grafana-dashboard.json charts/meshd/dashboards/meshd.json; then
 	echo "  cp docs/grafana-dashboard.json charts/meshd/dashboards/meshd.json" >&2
 	exit 1
 fi
+# The MCS CRDs of the chart (mcsCRDs.install) are copies of the component's.
+for f in manifests/components/mcs-crds/*_*.yaml; do
+	if ! cmp -s "$f" "charts/meshd/files/mcs-crds/$(basename "$f")"; then
+		echo "hack/helm.sh: charts/meshd/files/mcs-crds/$(basename "$f") differs from $f;" >&2
+		echo "  cp manifests/components/mcs-crds/*_*.yaml charts/meshd/files/mcs-crds/" >&2
+		exit 1
+	fi
+done
 # values.schema.json refuses unknown keys and values outside the code's enums.
 for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000; do
 	if "$HELM" template meshd charts/meshd --kube-version "${KUBE_VERSION:-v1.36.3}" --set "$bad" >/dev/null 2>&1; then

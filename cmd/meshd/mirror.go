@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -40,17 +41,23 @@ type mirrorConfig struct {
 	LeaderElect      bool
 	LeaseName        string
 	Workers          int
+	MCS              bool
+	MirrorServices   bool
 }
 
 const mirrorUsage = `Usage: meshd mirror [flags]
 
-Mirrors the Services that remote clusters export (a ServiceExport of the
-same name, multicluster.x-k8s.io/v1alpha1) into this cluster: a selector-less
-Service with the same ports and EndpointSlices pointing at the remote cluster
-IP (headless: the remote pod IPs). Remote clusters are those linked with
+Imports the Services that clusters export (a ServiceExport of the same name,
+multicluster.x-k8s.io) into this cluster, the Multi-Cluster Services API way
+(--mcs): a ServiceImport per exported Service, with a ClusterSetIP (a derived
+Service kube-proxy programs) or headless, EndpointSlices per source cluster,
+and the Valid/Ready/Conflict status of this cluster's ServiceExports; and
+(--mirror-services) Linkerd-style mirrors: a selector-less Service with the
+same ports and EndpointSlices pointing at the remote cluster IP (headless:
+the remote pod IPs). Remote clusters are those linked with
 ` + "`meshctl link`" + ` (Secrets labelled meshd.io/cluster-link=true in --namespace),
 or the one given by --remote-kubeconfig. One replica is active at a time
-(a Lease in --namespace). See docs/service-mirroring.md.
+(a Lease in --namespace). See docs/mcs.md and docs/service-mirroring.md.
 
 `
 
@@ -70,6 +77,8 @@ func newMirrorFlagSet(c *mirrorConfig) *pflag.FlagSet {
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "run only while holding the leader Lease in --namespace, so replicas never fight")
 	fs.StringVar(&c.LeaseName, "lease-name", "", "name of the leader Lease (default meshd-mirror; with --remote-kubeconfig meshd-mirror-<remote name>)")
 	fs.IntVar(&c.Workers, "workers", 2, "parallel reconciles")
+	fs.BoolVar(&c.MCS, "mcs", true, "write the Multi-Cluster Services objects: ServiceImports, their derived Services and EndpointSlices, and this cluster's ServiceExport status (needs the MCS CRDs, see docs/mcs.md)")
+	fs.BoolVar(&c.MirrorServices, "mirror-services", true, "also write Linkerd-style mirror Services (<name>, or <name>-<cluster> with --name-suffix); false deletes them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), mirrorUsage)
 		fs.PrintDefaults()
@@ -175,12 +184,11 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 	srv := mirrorServer(mc.Listen, reg)
 
 	mirrorOnce := func(ctx context.Context) error {
-		return runMirrorController(ctx, log, mc, local.Kube, remote, mirror.New(log, local.Kube, recorder, metrics, mirror.Options{
-			NameSuffix:            mc.NameSuffix,
-			SkipMissingNamespaces: !mc.CreateNamespaces,
-			GracePeriod:           mc.GracePeriod,
-			Workers:               mc.Workers,
-		}))
+		opts, err := mirrorOptions(ctx, log, mc, local, remote != nil)
+		if err != nil {
+			return err
+		}
+		return runMirrorController(ctx, log, mc, local.Kube, remote, mirror.New(log, local.Kube, recorder, metrics, opts))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -208,6 +216,34 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 		return err
 	}
 	return nil
+}
+
+// mirrorOptions are the Controller's options; with --mcs it reads (or
+// records) this cluster's ID.
+func mirrorOptions(ctx context.Context, log *slog.Logger, mc *mirrorConfig, local *connect.Clients, static bool) (mirror.Options, error) {
+	opts := mirror.Options{
+		NameSuffix:            mc.NameSuffix,
+		SkipMissingNamespaces: !mc.CreateNamespaces,
+		GracePeriod:           mc.GracePeriod,
+		Workers:               mc.Workers,
+		NoMirrors:             !mc.MirrorServices,
+		StaticRemotes:         static,
+		EventNamespace:        mc.Namespace,
+	}
+	if !mc.MCS {
+		return opts, nil
+	}
+	dyn, err := dynamic.NewForConfig(local.Config)
+	if err != nil {
+		return opts, fmt.Errorf("building the local cluster's dynamic client: %w", err)
+	}
+	id, err := mirror.EnsureClusterID(ctx, log, local.Kube, dyn)
+	if err != nil {
+		return opts, fmt.Errorf("this cluster's ID (ClusterProperty %s): %w", mirror.ClusterIDProperty, err)
+	}
+	log.Info("cluster ID", "clusterID", id)
+	opts.ClusterID, opts.LocalDynamic = id, dyn
+	return opts, nil
 }
 
 // mirrorServer serves /metrics from reg and /healthz on listen.

@@ -231,6 +231,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	if out, err := c.Kubectl(ctx, "apply", "-f", crds); err != nil {
 		return fmt.Errorf("cluster %s: installing CRDs: %w\n%s", c.Name, err, out)
 	}
+	// The MCS API and ClusterProperty CRDs of the optional component (not
+	// its kustomization.yaml, which is no resource).
+	mcs, _ := filepath.Glob(filepath.Join(tb.RepoRoot, "manifests", "components", "mcs-crds", "*_*.yaml"))
+	args := []string{"apply"}
+	for _, f := range mcs {
+		args = append(args, "-f", f)
+	}
+	if len(mcs) > 0 {
+		if out, err := c.Kubectl(ctx, args...); err != nil {
+			return fmt.Errorf("cluster %s: installing the MCS CRDs: %w\n%s", c.Name, err, out)
+		}
+	}
 	if out, err := c.Kubectl(ctx, "wait", "--for", "condition=Established", "--timeout", "30s", "crd", "--all"); err != nil {
 		return fmt.Errorf("cluster %s: CRDs not established: %w\n%s", c.Name, err, out)
 	}

@@ -199,12 +199,17 @@ func (tb *Testbed) Kubectl(ctx context.Context, args ...string) (string, error) 
 }
 
 // InstallCRDs creates or updates every CustomResourceDefinition found in
-// RepoRoot/manifests/crds/*.yaml and waits until they are Established.
+// RepoRoot/manifests/crds/*.yaml and manifests/components/mcs-crds and waits
+// until they are Established.
 func (tb *Testbed) InstallCRDs(ctx context.Context) error {
 	dir := filepath.Join(tb.RepoRoot, "manifests", "crds")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	more, _ := filepath.Glob(filepath.Join(dir, "*.yml"))
 	files = append(files, more...)
+	// The MCS API (ServiceExport, ServiceImport) and ClusterProperty CRDs
+	// of the optional component the testbed's clusters use.
+	mcs, _ := filepath.Glob(filepath.Join(tb.RepoRoot, "manifests", "components", "mcs-crds", "*_*.yaml"))
+	files = append(files, mcs...)
 	sort.Strings(files)
 	if len(files) == 0 {
 		tb.Logf("WARNING: no CRDs in %s", dir)

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -44,6 +45,26 @@ type Options struct {
 	Workers int
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+
+	// ClusterID is this cluster's ID in the clusterset (EnsureClusterID).
+	// With LocalDynamic set it turns on the Multi-Cluster Services objects:
+	// ServiceImports, their derived Services and EndpointSlices, and the
+	// status of this cluster's ServiceExports.
+	ClusterID string
+	// LocalDynamic writes the ServiceImports and ServiceExport status.
+	LocalDynamic dynamic.Interface
+	// NoMirrors turns the Linkerd-style mirror Services off (MCS only);
+	// existing mirrors are deleted once their cluster has synced.
+	NoMirrors bool
+	// StaticRemotes: every remote is added before Run (no link watching),
+	// so MCS objects of any other cluster may be deleted once all synced.
+	StaticRemotes bool
+	// Health, when set, tells whether the data plane reaches a source
+	// cluster; its endpoints turn not ready while it does not.
+	Health ClusterHealth
+	// EventNamespace is the Namespace that gets the Event saying the MCS
+	// CRDs are missing (the mirror's own namespace).
+	EventNamespace string
 }
 
 func (o Options) withDefaults() Options {
@@ -102,10 +123,12 @@ type Controller struct {
 	blockedBy map[Key]string
 	clashes   map[Key]types.UID // reported clashes
 	mirrored  map[string]map[Key]bool
+
+	mcs *mcsController // nil: no MCS objects
 }
 
 // New returns a Controller writing mirrors with local. recorder gets the
-// clash Events (k8s.NewEventRecorder); metrics may be nil.
+// clash Events (connect.NewEventRecorder); metrics may be nil.
 func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventRecorder, metrics *Metrics, opts Options) *Controller {
 	opts = opts.withDefaults()
 	if metrics == nil {
@@ -124,6 +147,9 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 		clashes:     map[Key]types.UID{},
 		mirrored:    map[string]map[Key]bool{},
 	}
+	if opts.ClusterID != "" && opts.LocalDynamic != nil {
+		c.mcs = newMCS(c)
+	}
 	c.factory = informers.NewSharedInformerFactory(local, opts.Resync)
 	c.sliceFactory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -140,7 +166,7 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 		}
 		return nil, nil
 	}})
-	_ = c.slices.AddIndexers(cache.Indexers{indexService: sliceServiceIndex})
+	_ = c.slices.AddIndexers(cache.Indexers{indexService: sliceServiceIndex, indexImport: importIndex})
 	owned := func(o any) {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
@@ -151,21 +177,26 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 			}
 		}
 	}
+	owned2 := func(o any) {
+		owned(o)
+		c.mcs.enqueueOwned(o)
+	}
 	_, _ = c.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: owned, UpdateFunc: func(_, o any) { owned(o) },
+		AddFunc: owned2, UpdateFunc: func(_, o any) { owned2(o) },
 		DeleteFunc: func(o any) {
-			owned(o)
+			owned2(o)
 			ns, name := namespaceName(o)
 			c.enqueueBlocked(ns + "/" + name)
 		},
 	})
 	_, _ = c.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: owned, UpdateFunc: func(_, o any) { owned(o) }, DeleteFunc: owned,
+		AddFunc: owned2, UpdateFunc: func(_, o any) { owned2(o) }, DeleteFunc: owned2,
 	})
 	_, _ = c.nss.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) {
 			_, name := namespaceName(o)
 			c.enqueueBlocked(name + ":")
+			c.mcs.enqueueAll(name)
 		},
 	})
 	return c
@@ -226,8 +257,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	close(c.localSynced)
-	c.log.Info("mirroring", "workers", c.opts.Workers, "grace", c.opts.GracePeriod, "suffix", c.opts.NameSuffix)
+	c.log.Info("mirroring", "workers", c.opts.Workers, "grace", c.opts.GracePeriod, "suffix", c.opts.NameSuffix, "mirrors", !c.opts.NoMirrors, "mcs", c.mcs != nil)
 	var wg sync.WaitGroup
+	if c.mcs != nil {
+		wg.Go(func() { c.mcs.run(ctx) })
+	}
 	for range c.opts.Workers {
 		wg.Go(func() {
 			for c.processNext(ctx) {
@@ -333,6 +367,7 @@ type result struct {
 	wrote    bool // changed a local object
 	mirrored bool // a mirror of the key exists
 	clash    bool
+	merged   bool // endpoints added to another cluster's same-name mirror
 }
 
 func (c *Controller) syncKey(ctx context.Context, k Key) error {
@@ -352,7 +387,7 @@ func (c *Controller) syncKey(ctx context.Context, k Key) error {
 	if !res.clash {
 		delete(c.clashes, k)
 	}
-	if res.mirrored {
+	if res.mirrored && !res.merged {
 		c.unblockLocked(k)
 	}
 	m := c.mirrored[k.Cluster]
@@ -407,7 +442,7 @@ func (c *Controller) reconcile(ctx context.Context, k Key) (result, error) {
 		return result{mirrored: c.ownedService(k, name) != nil}, nil
 	}
 	src := r.service(k.Namespace, k.Name)
-	if src == nil || !r.exported(k.Namespace, k.Name) {
+	if c.opts.NoMirrors || src == nil || !r.exported(k.Namespace, k.Name) {
 		return c.deleteMirror(ctx, k, name)
 	}
 	if src.Spec.Type == corev1.ServiceTypeExternalName {
@@ -420,6 +455,14 @@ func (c *Controller) reconcile(ctx context.Context, k Key) (result, error) {
 		return result{}, nil
 	}
 	existing := c.localService(k.Namespace, name)
+	if existing != nil && !ownedBy(existing, k) && c.mergeable(existing, k) {
+		// The same Service exported by several clusters (the HA case): one
+		// mirror Service, this cluster's endpoints added to it. When its
+		// owner goes, the key is queued again and takes the Service over.
+		c.block(k, existing.Namespace+"/"+existing.Name)
+		w, err := c.applySlices(ctx, k, name, existing, desiredSlices(k, name, src, r.endpointSlices(k.Namespace, k.Name)))
+		return result{wrote: w, mirrored: true, merged: true}, err
+	}
 	if existing != nil && !ownedBy(existing, k) {
 		c.reportClash(k, existing)
 		return result{clash: true}, nil
@@ -441,6 +484,13 @@ func (c *Controller) reconcile(ctx context.Context, k Key) (result, error) {
 	}
 	w2, err := c.applySlices(ctx, k, name, svc, desiredSlices(k, name, src, r.endpointSlices(k.Namespace, k.Name)))
 	return result{wrote: wrote || w2, mirrored: true}, err
+}
+
+// mergeable: existing is meshd's same-name mirror of the Service k names,
+// from another cluster.
+func (c *Controller) mergeable(existing *corev1.Service, k Key) bool {
+	o, ok := ownerKey(existing)
+	return ok && !c.opts.NameSuffix && o.Namespace == k.Namespace && o.Name == k.Name && o.Cluster != k.Cluster
 }
 
 func (c *Controller) localService(ns, name string) *corev1.Service {

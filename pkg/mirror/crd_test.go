@@ -1,44 +1,76 @@
 package mirror
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	mcscrd "sigs.k8s.io/mcs-api/config/crd"
 	"sigs.k8s.io/yaml"
 )
 
-// TestServiceExportCRD checks the hand-written CRD serves the resource the
-// mirror watches, in the upstream shape.
-func TestServiceExportCRD(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "manifests", "crds", "multicluster.x-k8s.io_serviceexports.yaml"))
+const mcsCRDDir = "../../manifests/components/mcs-crds"
+
+func readCRD(t *testing.T, file string) (*apiextensionsv1.CustomResourceDefinition, []byte) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(mcsCRDDir, file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var crd apiextensionsv1.CustomResourceDefinition
 	if err := yaml.UnmarshalStrict(data, &crd); err != nil {
-		t.Fatalf("parsing the CRD: %v", err)
+		t.Fatalf("parsing %s: %v", file, err)
 	}
+	return &crd, data
+}
+
+// TestMCSCRDsAreUpstream: the component ships the mcs-api module's CRDs
+// byte for byte, serving what the mirror reads (v1beta1 stored, v1alpha1
+// still served) with a status subresource.
+func TestMCSCRDsAreUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		upstream []byte
+		gvr      schema.GroupVersionResource
+	}{
+		{"multicluster.x-k8s.io_serviceexports.yaml", mcscrd.ServiceExportCRD, ServiceExportGVR},
+		{"multicluster.x-k8s.io_serviceimports.yaml", mcscrd.ServiceImportCRD, ServiceImportGVR},
+	} {
+		crd, data := readCRD(t, tc.file)
+		if !bytes.Equal(data, tc.upstream) {
+			t.Errorf("%s differs from sigs.k8s.io/mcs-api's config/crd (copy it unchanged from the module)", tc.file)
+		}
+		if crd.Name != tc.gvr.Resource+"."+tc.gvr.Group {
+			t.Errorf("%s: name %s", tc.file, crd.Name)
+		}
+		versions := map[string]apiextensionsv1.CustomResourceDefinitionVersion{}
+		for _, v := range crd.Spec.Versions {
+			versions[v.Name] = v
+		}
+		if v := versions["v1beta1"]; !v.Served || !v.Storage || v.Subresources == nil || v.Subresources.Status == nil {
+			t.Errorf("%s: v1beta1 %+v, want served, stored, with status", tc.file, v)
+		}
+		if v := versions["v1alpha1"]; !v.Served || v.Storage {
+			t.Errorf("%s: v1alpha1 served %v storage %v, want served, not stored", tc.file, v.Served, v.Storage)
+		}
+		if tc.gvr.Version != "v1beta1" {
+			t.Errorf("the mirror uses %s, want the stored v1beta1", tc.gvr)
+		}
+	}
+}
+
+func TestClusterPropertyCRD(t *testing.T) {
+	crd, _ := readCRD(t, "about.k8s.io_clusterproperties.yaml")
 	s := crd.Spec
-	if crd.Name != ServiceExportGVR.Resource+"."+ServiceExportGVR.Group || s.Group != ServiceExportGVR.Group ||
-		s.Names.Plural != ServiceExportGVR.Resource || s.Names.Kind != "ServiceExport" || s.Scope != apiextensionsv1.NamespaceScoped {
-		t.Fatalf("CRD names %s %+v scope %s", crd.Name, s.Names, s.Scope)
+	if crd.Name != ClusterPropertyGVR.Resource+"."+ClusterPropertyGVR.Group || s.Scope != apiextensionsv1.ClusterScoped ||
+		s.Names.Kind != ClusterPropertyKind || len(s.Versions) != 1 || s.Versions[0].Name != ClusterPropertyGVR.Version {
+		t.Fatalf("ClusterProperty CRD %s %+v", crd.Name, s)
 	}
-	if len(s.Versions) != 1 || s.Versions[0].Name != ServiceExportGVR.Version || !s.Versions[0].Served || !s.Versions[0].Storage {
-		t.Fatalf("versions %+v", s.Versions)
-	}
-	v := s.Versions[0]
-	if v.Subresources == nil || v.Subresources.Status == nil {
-		t.Errorf("no status subresource")
-	}
-	props := v.Schema.OpenAPIV3Schema.Properties
-	if spec := props["spec"]; spec.Type != "object" || len(spec.Properties) != 0 {
-		t.Errorf("spec %+v, want an empty object", spec)
-	}
-	conds := props["status"].Properties["conditions"]
-	if conds.Type != "array" || conds.Items == nil || conds.Items.Schema.Properties["type"].Type != "string" ||
-		conds.XListType == nil || *conds.XListType != "map" {
-		t.Errorf("status.conditions %+v", conds)
+	spec := s.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
+	if spec.Properties["value"].Type != "string" || len(spec.Required) != 1 || spec.Required[0] != "value" {
+		t.Errorf("spec %+v, want a required string value", spec)
 	}
 }

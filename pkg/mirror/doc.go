@@ -14,6 +14,19 @@
 // that stops answering keeps its mirrors; after a grace period their
 // endpoints are marked not ready until it answers again.
 //
+// With Options.ClusterID the Controller also writes the Multi-Cluster
+// Services API objects (KEP-1645, sigs.k8s.io/mcs-api v1beta1) of the local
+// cluster, from the exports of every source cluster including the local one:
+// a ServiceImport per exported Service (only meshd writes it), for a
+// ClusterSetIP import a derived selector-less Service whose cluster IP is the
+// ClusterSetIP, EndpointSlices per source cluster (labelled
+// multicluster.kubernetes.io/service-name and source-cluster, owned by the
+// ServiceImport), and the Valid/Ready/Conflict conditions of the local
+// ServiceExports. Properties merge as the KEP says: the oldest export wins,
+// ports are the union by name. Nothing is deleted before every source cluster
+// has synced (restarts, new leaders). The cluster ID is the About API's
+// ClusterProperty cluster.clusterset.k8s.io (EnsureClusterID).
+//
 // Remote clusters come from the cluster-link Secrets (WatchLinks) or are
 // added directly (AddRemote). RunLeaderElected keeps one active replica.
 //

@@ -227,7 +227,7 @@ func remoteService(ns, name, ip string, ports ...int32) *corev1.Service {
 
 func export(ns, name string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("multicluster.x-k8s.io/v1alpha1")
+	u.SetAPIVersion(ServiceExportGVR.GroupVersion().String())
 	u.SetKind("ServiceExport")
 	u.SetNamespace(ns)
 	u.SetName(name)

@@ -83,6 +83,7 @@ func (c *Controller) watchLinks(ctx context.Context, kube kubernetes.Interface, 
 				case <-c.localSynced:
 					c.allKnown.Store(true)
 					c.enqueueAllLocal()
+					c.mcs.enqueueAll("")
 				}
 			}()
 		},

@@ -12,6 +12,9 @@ type Metrics struct {
 	reachable   *prometheus.GaugeVec
 	clashes     *prometheus.GaugeVec
 	propagation prometheus.Histogram
+	imports     prometheus.Gauge
+	exports     *prometheus.GaugeVec
+	endpoints   *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -35,9 +38,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from observing a remote change (informer event) to the completed local write of the mirror.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
+		imports: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshd_mcs_service_imports", Help: "ServiceImports meshd writes in this cluster.",
+		}),
+		exports: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_mcs_service_exports", Help: "This cluster's ServiceExports by condition (Valid, Ready, Conflict) and its status (True, False, Unknown).",
+		}, []string{"condition", "status"}),
+		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshd_mcs_endpoints", Help: "Endpoints in the imported EndpointSlices, by source cluster ID.",
+		}, []string{"source_cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.services, m.errors, m.reachable, m.clashes, m.propagation)
+		reg.MustRegister(m.services, m.errors, m.reachable, m.clashes, m.propagation, m.imports, m.exports, m.endpoints)
 	}
 	return m
 }

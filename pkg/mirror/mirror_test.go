@@ -383,24 +383,35 @@ func TestTwoClusters(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.waitSynced("c2")
+		// The HA case merges: c2's endpoint joins c1's mirror, no clash.
 		eventually(t, func() error {
-			for _, ev := range e.events() {
-				if strings.Contains(ev, EventReasonClash) && strings.Contains(ev, "from cluster c2") && strings.Contains(ev, "mirror of shop/web from cluster c1") {
-					return nil
+			var addrs []string
+			for _, sl := range e.slices("shop", "web") {
+				for _, ep := range sl.Endpoints {
+					addrs = append(addrs, ep.Addresses...)
 				}
 			}
-			return errors.New("no clash Event for c2")
+			slices.Sort(addrs)
+			if !slices.Equal(addrs, []string{"10.112.0.10", "10.96.0.10"}) {
+				return fmt.Errorf("endpoints of shop/web %v, want both clusters' cluster IPs", addrs)
+			}
+			return nil
 		})
 		never(t, 50*time.Millisecond, func() error {
 			s, err := e.service("shop", "web")
 			if err != nil || s.Labels[LabelMirroredFromCluster] != "c1" {
 				return fmt.Errorf("c1's mirror taken over: %v %v", s, err)
 			}
-			if n := len(e.slices("shop", "web")); n != 1 {
-				return fmt.Errorf("%d slices for shop/web", n)
+			if n := len(e.slices("shop", "web")); n != 2 {
+				return fmt.Errorf("%d slices for shop/web, want 2", n)
 			}
 			return nil
 		})
+		for _, ev := range e.events() {
+			if strings.Contains(ev, EventReasonClash) {
+				t.Errorf("clash Event for the HA case: %s", ev)
+			}
+		}
 		// c1 stops exporting: c2 gets the name.
 		c1.deleteExport(t, "shop", "web")
 		e.checkMirror("shop", "web", "c2", "shop/web", "10.112.0.10", true, 80)

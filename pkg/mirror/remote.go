@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -19,7 +20,9 @@ import (
 )
 
 // ServiceExportGVR is the MCS API's ServiceExport resource.
-var ServiceExportGVR = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
+// v1beta1 is the version upstream stores; v1alpha1 objects are served as
+// v1beta1 too (same schema, no conversion).
+var ServiceExportGVR = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceexports"}
 
 // Remote is a source cluster: its name (as in the mirrors' labels) and
 // read-only clients.
@@ -75,6 +78,11 @@ type remote struct {
 	cancel                    context.CancelFunc
 	started                   bool
 	synced                    atomic.Bool
+	// self: the local cluster as a source of the MCS objects (not mirrored).
+	self bool
+	// clusterID is the cluster's ID in the clusterset (ClusterProperty
+	// cluster.clusterset.k8s.io), resolved before synced is set.
+	clusterID string
 
 	mu      sync.Mutex
 	lastOK  time.Time // last successful probe (or the start)
@@ -92,6 +100,16 @@ func (r *remote) isExpired() bool {
 func (r *remote) exported(ns, name string) bool {
 	_, ok, _ := r.exports.GetIndexer().GetByKey(ns + "/" + name)
 	return ok
+}
+
+// export is the ServiceExport namespace/name, nil if none.
+func (r *remote) export(ns, name string) *unstructured.Unstructured {
+	o, ok, _ := r.exports.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil
+	}
+	u, _ := o.(*unstructured.Unstructured)
+	return u
 }
 
 func (r *remote) service(ns, name string) *corev1.Service {
@@ -127,10 +145,16 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 	_ = r.slices.AddIndexers(cache.Indexers{indexService: sliceServiceIndex})
 	r.exports = dynamicinformer.NewFilteredDynamicInformer(r.Dynamic, ServiceExportGVR, "", c.opts.Resync, cache.Indexers{}, nil).Informer()
 
+	changed := func(ns, name string) {
+		if !r.self {
+			c.remoteChanged(Key{Cluster: r.Name, Namespace: ns, Name: name})
+		}
+		c.mcs.enqueue(ns, name)
+	}
 	byObject := func(o any) {
 		ns, name := namespaceName(o)
 		if name != "" && r.exported(ns, name) {
-			c.remoteChanged(Key{Cluster: r.Name, Namespace: ns, Name: name})
+			changed(ns, name)
 		}
 	}
 	bySlice := func(o any) {
@@ -139,13 +163,13 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 		}
 		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
 			if name := sl.Labels[discoveryv1.LabelServiceName]; name != "" && r.exported(sl.Namespace, name) {
-				c.remoteChanged(Key{Cluster: r.Name, Namespace: sl.Namespace, Name: name})
+				changed(sl.Namespace, name)
 			}
 		}
 	}
 	byExport := func(o any) {
 		if ns, name := namespaceName(o); name != "" {
-			c.remoteChanged(Key{Cluster: r.Name, Namespace: ns, Name: name})
+			changed(ns, name)
 		}
 	}
 	for _, h := range []struct {
@@ -167,11 +191,23 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 		if !cache.WaitForCacheSync(ctx.Done(), r.services.HasSynced, r.slices.HasSynced, r.exports.HasSynced) {
 			return
 		}
+		if r.self {
+			r.synced.Store(true)
+			return
+		}
+		if c.mcs != nil {
+			id, from := remoteClusterID(ctx, r.Remote, r.Name)
+			r.clusterID = id
+			c.log.Info("remote cluster ID", "cluster", r.Name, "clusterID", id, "from", from)
+		}
 		r.synced.Store(true)
 		c.log.Info("remote cluster synced", "cluster", r.Name, "exports", len(r.exports.GetStore().ListKeys()))
 		c.enqueueCluster(r.Name)
+		c.mcs.enqueueAll("")
 	}()
-	go c.probeLoop(ctx, r)
+	if !r.self {
+		go c.probeLoop(ctx, r)
+	}
 }
 
 // probeLoop probes r every ProbeInterval. Unreachable for longer than the
@@ -220,6 +256,7 @@ func (c *Controller) probeLoop(ctx context.Context, r *remote) {
 				c.log.Warn("remote cluster unreachable past the grace period; marking its mirrors' endpoints not ready", "cluster", r.Name, "since", r.lastOK)
 			}
 			c.enqueueCluster(r.Name)
+			c.mcs.enqueueSource(r)
 		}
 		select {
 		case <-ctx.Done():
