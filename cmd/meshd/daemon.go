@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -52,7 +53,7 @@ type daemon struct {
 	coalesce             *coalescer
 	routes               *route.Manager
 	device               *device
-	links                *k8s.LinkWatcher
+	links                *clusterlink.LinkWatcher
 	stopEvents           func() // flushes and stops the Event broadcaster
 	// prober and probeChanged: the data-plane failover signal (failover.go).
 	prober       *probe.Prober
@@ -171,9 +172,9 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		return nil, err
 	}
 	if c.ClusterLinks {
-		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
+		d.links = clusterlink.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
 		r.links = d.links
-		r.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
+		r.linkLive = clusterlink.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
 	}
 	return d, nil
 }

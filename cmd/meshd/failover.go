@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
@@ -208,7 +209,7 @@ func (d *daemon) livenessChanged() bool {
 
 // linkJudge is how a linked cluster's leaders are elected: from its own
 // Leases and probe reports when they can be read, else all live.
-func (r *reconciler) linkJudge(rc k8s.RemoteCluster) k8s.RemoteJudge {
+func (r *reconciler) linkJudge(rc clusterlink.RemoteCluster) clusterlink.RemoteJudge {
 	if r.linkLive == nil || rc.Secret == nil {
 		return nil
 	}

@@ -15,7 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	clientmetrics "k8s.io/client-go/tools/metrics"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -155,11 +155,11 @@ func (m *metrics) setLinks(links map[string]linkState) {
 	m.refused.Reset()
 	m.tokenExpiry.Reset()
 	for cluster, l := range links {
-		counts := k8s.CountRefusals(l.refused)
+		counts := clusterlink.CountRefusals(l.refused)
 		for _, reason := range mesh.RefusalReasons {
 			m.refused.WithLabelValues(cluster, string(reason)).Set(float64(counts[reason]))
 		}
-		if t, ok := k8s.LinkTokenExpiry(l.secret); ok {
+		if t, ok := clusterlink.LinkTokenExpiry(l.secret); ok {
 			m.tokenExpiry.WithLabelValues(cluster).Set(float64(t.Unix()))
 		}
 	}

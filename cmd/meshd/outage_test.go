@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
@@ -146,11 +147,11 @@ func TestRestoreAppliesPersistedState(t *testing.T) {
 // fakeLinks is a linkSource with fixed answers.
 type fakeLinks struct {
 	listed  bool
-	remotes []k8s.RemoteCluster
+	remotes []clusterlink.RemoteCluster
 }
 
-func (f *fakeLinks) Snapshot() []k8s.RemoteCluster { return f.remotes }
-func (f *fakeLinks) Listed() bool                  { return f.listed }
+func (f *fakeLinks) Snapshot() []clusterlink.RemoteCluster { return f.remotes }
+func (f *fakeLinks) Listed() bool                          { return f.listed }
 
 // TestLinkedClusterKeepsPeersWhenUnsynced: a linked cluster's peers stay
 // while its Nodes are not listed (restart or kubeconfig change during its
@@ -160,10 +161,10 @@ func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 	dir := t.TempDir()
 	nodes := []*corev1.Node{testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{})}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "meshd-system", Name: "link-west"}}
-	settings := k8s.LinkSettings{Name: "west", Granularity: mesh.GranularityLocation, Port: 51820,
+	settings := clusterlink.LinkSettings{Name: "west", Granularity: mesh.GranularityLocation, Port: 51820,
 		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")}, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.97.0.0/16")}}
 	remote := testNode("w1", "x", "203.0.113.31", "10.52.1.0/24", newKey(t))
-	links := &fakeLinks{listed: true, remotes: []k8s.RemoteCluster{{Settings: settings, Secret: secret, Nodes: []*corev1.Node{remote}, Synced: true}}}
+	links := &fakeLinks{listed: true, remotes: []clusterlink.RemoteCluster{{Settings: settings, Secret: secret, Nodes: []*corev1.Node{remote}, Synced: true}}}
 	f := newFakes(t, "a1", nodes...)
 	f.rec.stateDir, f.rec.links = dir, links
 	westPeer := func(f *fakes) bool {

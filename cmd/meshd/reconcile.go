@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -47,7 +48,7 @@ type (
 	// linkSource lists the linked clusters (nil: no cluster links); Listed
 	// is false until the link Secrets were listed once.
 	linkSource interface {
-		Snapshot() []k8s.RemoteCluster
+		Snapshot() []clusterlink.RemoteCluster
 		Listed() bool
 	}
 	// probeSetter takes the data-plane probe targets (failover.go).
@@ -79,7 +80,7 @@ type reconciler struct {
 	nodeLister, peerLister lister
 	links                  linkSource
 	// linkLive judges linked clusters' nodes from their Leases (nil: all live).
-	linkLive   *k8s.LinkLiveness
+	linkLive   *clusterlink.LinkLiveness
 	apiServers []netip.Addr // no linked cluster's range may cover them
 
 	device     wgDevice
@@ -384,8 +385,8 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			}
 			continue
 		}
-		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, guard, r.linkJudge(rc))
-		r.report(rc.Secret, id, k8s.RefusalEventReason(problems), problems)
+		ps, problems := clusterlink.RemotePeersLive(rc.Settings, rc.Nodes, guard, r.linkJudge(rc))
+		r.report(rc.Secret, id, clusterlink.RefusalEventReason(problems), problems)
 		states[rc.Settings.Name] = linkState{secret: rc.Secret, refused: problems}
 		r.linkPeers[name] = ps
 		peers = append(peers, ps...)

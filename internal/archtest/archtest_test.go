@@ -152,6 +152,18 @@ var rules = []rule{{
 		return "", false
 	},
 }, {
+	name:       "pkg/clusterlink uses no executor",
+	dirs:       []string{"pkg/clusterlink"},
+	transitive: true,
+	forbidden: func(imp string) (string, bool) {
+		for _, e := range executors {
+			if hasPathPrefix(imp, module+"/"+e) {
+				return "an executor", true
+			}
+		}
+		return "", false
+	},
+}, {
 	name: "cmd/ is wiring: kernel calls live in the executors",
 	dirs: []string{"cmd"},
 	forbidden: func(imp string) (string, bool) {
@@ -206,7 +218,8 @@ func TestRulesCatch(t *testing.T) {
 		rules[0].name: {bad: []string{"github.com/vishvananda/netlink", "k8s.io/api/core/v1", module + "/pkg/k8s"}, good: []string{"net/netip", wgtypes}},
 		rules[1].name: {bad: []string{module + "/pkg/mesh", "k8s.io/client-go/kubernetes", "sigs.k8s.io/yaml"}, good: []string{"github.com/vishvananda/netlink", "os/exec"}},
 		rules[2].name: {bad: []string{module + "/pkg/wg", module + "/pkg/route", module + "/pkg/iptables"}, good: []string{module + "/pkg/k8s", module + "/pkg/routeX"}},
-		rules[3].name: {bad: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netlink/nl", "golang.zx2c4.com/wireguard/wgctrl", "golang.org/x/sys/unix", "github.com/coreos/go-iptables/iptables"}, good: []string{wgtypes, module + "/pkg/route"}},
+		rules[3].name: {bad: []string{module + "/pkg/wg", module + "/pkg/probe"}, good: []string{module + "/pkg/k8s", module + "/pkg/mesh"}},
+		rules[4].name: {bad: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netlink/nl", "golang.zx2c4.com/wireguard/wgctrl", "golang.org/x/sys/unix", "github.com/coreos/go-iptables/iptables"}, good: []string{wgtypes, module + "/pkg/route"}},
 	}
 	if len(cases) != len(rules) {
 		t.Fatalf("%d rules, %d checked here", len(rules), len(cases))

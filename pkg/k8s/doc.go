@@ -10,6 +10,9 @@
 // clientset, listers and informers in pkg/k8s/client; run
 // hack/update-codegen.sh after changing the types.
 //
+// Cluster links (link Secrets, linked clusters' Nodes and Leases) live in
+// pkg/clusterlink.
+//
 // Out of scope: planning (pkg/mesh decides; this package only converts and
 // reports) and every kernel change (the executors pkg/wg, pkg/route and
 // pkg/iptables); nothing here reads the network.

@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
@@ -161,4 +165,56 @@ func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr,
 		return netip.Addr{}, err
 	}
 	return pickAddr(as)
+}
+
+// LocalRanges are the ranges of the local cluster a linked cluster's ranges
+// must not overlap (RemotePeers' local): its mesh and service CIDRs and
+// every node's pod CIDRs.
+func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
+	local := slices.Concat(opts.MeshCIDRs, opts.ServiceCIDRs)
+	for _, n := range nodes {
+		local = append(local, n.PodCIDRs...)
+	}
+	return local
+}
+
+// LocalGuard is what a linked cluster's ranges are checked against
+// (mesh.RemoteGuard): LocalRanges, and as protected addresses every local
+// node's underlay (internal) addresses and WireGuard endpoint, and
+// apiServers (the local API server's addresses, when known).
+func LocalGuard(opts mesh.Options, nodes []mesh.Node, apiServers ...netip.Addr) mesh.RemoteGuard {
+	g := mesh.RemoteGuard{Local: LocalRanges(opts, nodes)}
+	for _, n := range nodes {
+		for _, a := range n.InternalIPs {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the underlay address of node " + n.Name})
+		}
+		if a := n.Endpoint.Addr.Addr(); a.IsValid() {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of node " + n.Name})
+		}
+	}
+	for _, a := range apiServers {
+		if a.IsValid() {
+			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
+		}
+	}
+	return g
+}
+
+// APIServerAddrs are the addresses of the API server cfg talks to, when its
+// host is an IP address (a name is not resolved: nothing in the reconcile
+// reads the network).
+func APIServerAddrs(cfg *rest.Config) []netip.Addr {
+	if cfg == nil || cfg.Host == "" {
+		return nil
+	}
+	host := cfg.Host
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		host = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return []netip.Addr{a.Unmap()}
+	}
+	return nil
 }

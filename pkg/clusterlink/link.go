@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"context"
@@ -6,11 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,10 +18,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -33,20 +30,20 @@ import (
 // keeps the remote cluster's location leaders as WireGuard peers by itself.
 const (
 	// LabelClusterLink marks a Secret holding a linked cluster's kubeconfig.
-	LabelClusterLink = AnnotationPrefix + "cluster-link"
+	LabelClusterLink = k8s.AnnotationPrefix + "cluster-link"
 	// Annotations on a link Secret describing the remote cluster.
-	AnnotationRemoteCluster       = AnnotationPrefix + "remote-cluster"
-	AnnotationRemoteServiceCIDRs  = AnnotationPrefix + "remote-service-cidrs"
-	AnnotationRemoteGranularity   = AnnotationPrefix + "remote-mesh-granularity"
-	AnnotationRemoteMeshCIDRs     = AnnotationPrefix + "remote-mesh-cidrs"
-	AnnotationRemoteTopologyLabel = AnnotationPrefix + "remote-topology-label"
-	AnnotationRemotePort          = AnnotationPrefix + "remote-port"
+	AnnotationRemoteCluster       = k8s.AnnotationPrefix + "remote-cluster"
+	AnnotationRemoteServiceCIDRs  = k8s.AnnotationPrefix + "remote-service-cidrs"
+	AnnotationRemoteGranularity   = k8s.AnnotationPrefix + "remote-mesh-granularity"
+	AnnotationRemoteMeshCIDRs     = k8s.AnnotationPrefix + "remote-mesh-cidrs"
+	AnnotationRemoteTopologyLabel = k8s.AnnotationPrefix + "remote-topology-label"
+	AnnotationRemotePort          = k8s.AnnotationPrefix + "remote-port"
 	// AnnotationRemoteAllowedCIDRs lists the ranges the remote cluster may
 	// claim, agreed at link time (meshctl link); absent: not recorded.
-	AnnotationRemoteAllowedCIDRs = AnnotationPrefix + "remote-allowed-cidrs"
+	AnnotationRemoteAllowedCIDRs = k8s.AnnotationPrefix + "remote-allowed-cidrs"
 	// AnnotationLinkTokenExpires is when the link's token expires (RFC 3339),
 	// as the remote API server granted it.
-	AnnotationLinkTokenExpires = AnnotationPrefix + "link-token-expires"
+	AnnotationLinkTokenExpires = k8s.AnnotationPrefix + "link-token-expires"
 	// LinkSecretPrefix prefixes link Secrets: meshd-link-<remote cluster>.
 	LinkSecretPrefix = "meshd-link-"
 	// LinkKubeconfigKey is the Secret data key of the kubeconfig.
@@ -112,7 +109,7 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 		ls.Granularity = mesh.GranularityLocation
 	}
 	if ls.TopologyLabel == "" {
-		ls.TopologyLabel = DefaultTopologyLabel
+		ls.TopologyLabel = k8s.DefaultTopologyLabel
 	}
 	var err error
 	if ls.ServiceCIDRs, err = parsePrefixes(splitList(a[AnnotationRemoteServiceCIDRs])); err != nil {
@@ -148,39 +145,6 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 	return ls, kc, nil
 }
 
-// LocalRanges are the ranges of the local cluster a linked cluster's ranges
-// must not overlap (RemotePeers' local): its mesh and service CIDRs and
-// every node's pod CIDRs.
-func LocalRanges(opts mesh.Options, nodes []mesh.Node) []netip.Prefix {
-	local := slices.Concat(opts.MeshCIDRs, opts.ServiceCIDRs)
-	for _, n := range nodes {
-		local = append(local, n.PodCIDRs...)
-	}
-	return local
-}
-
-// LocalGuard is what a linked cluster's ranges are checked against
-// (mesh.RemoteGuard): LocalRanges, and as protected addresses every local
-// node's underlay (internal) addresses and WireGuard endpoint, and
-// apiServers (the local API server's addresses, when known).
-func LocalGuard(opts mesh.Options, nodes []mesh.Node, apiServers ...netip.Addr) mesh.RemoteGuard {
-	g := mesh.RemoteGuard{Local: LocalRanges(opts, nodes)}
-	for _, n := range nodes {
-		for _, a := range n.InternalIPs {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the underlay address of node " + n.Name})
-		}
-		if a := n.Endpoint.Addr.Addr(); a.IsValid() {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the WireGuard endpoint of node " + n.Name})
-		}
-	}
-	for _, a := range apiServers {
-		if a.IsValid() {
-			g.Protected = append(g.Protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
-		}
-	}
-	return g
-}
-
 // RemotePeers computes the Peers a linked cluster contributes (see
 // mesh.RemotePeers, which holds the policy): one per location leader of the
 // remote mesh. A range that overlaps a local range, covers a protected
@@ -191,9 +155,9 @@ func RemotePeers(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard) 
 }
 
 // RemoteJudge returns the liveness decision of a linked cluster's nodes,
-// given each node's location key (see LocationKeys); nil judges every node
+// given each node's location key (see k8s.LocationKeys); nil judges every node
 // live.
-type RemoteJudge func(location map[string]string) Decision
+type RemoteJudge func(location map[string]string) k8s.Decision
 
 // RemotePeersLive is RemotePeers with the linked cluster's leaders elected
 // the way its own nodes elect them (judge: from its Leases and probe
@@ -202,7 +166,7 @@ type RemoteJudge func(location map[string]string) Decision
 func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard, judge RemoteJudge) (peers []mesh.Peer, problems []error) {
 	mnodes := make([]mesh.Node, 0, len(nodes))
 	for _, n := range nodes {
-		mn, _ := NodeFromObject(n, ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
+		mn, _ := k8s.NodeFromObject(n, k8s.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		mnodes = append(mnodes, mn)
 	}
 	peers, refused, err := mesh.RemotePeers(mesh.RemoteLink{
@@ -224,7 +188,7 @@ func remoteLocal(nodes []mesh.Node, g mesh.Granularity, judge RemoteJudge) mesh.
 	if judge == nil {
 		return mesh.Local{}
 	}
-	d := judge(LocationKeys(nodes, g))
+	d := judge(k8s.LocationKeys(nodes, g))
 	return mesh.Local{Live: d.Live, Settling: d.Settling}
 }
 
@@ -253,25 +217,6 @@ func CountRefusals(problems []error) map[mesh.RefusalReason]int {
 	return out
 }
 
-// APIServerAddrs are the addresses of the API server cfg talks to, when its
-// host is an IP address (a name is not resolved: nothing in the reconcile
-// reads the network).
-func APIServerAddrs(cfg *rest.Config) []netip.Addr {
-	if cfg == nil || cfg.Host == "" {
-		return nil
-	}
-	host := cfg.Host
-	if u, err := url.Parse(host); err == nil && u.Host != "" {
-		host = u.Hostname()
-	} else if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return []netip.Addr{a.Unmap()}
-	}
-	return nil
-}
-
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in
 // `from` a ServiceAccount, a read-only ClusterRole (Nodes, Services, EndpointSlices, ServiceExports) and its binding,
 // requests a token for it (TokenRequest API, bound to an anchor Secret; no
@@ -284,7 +229,7 @@ func APIServerAddrs(cfg *rest.Config) []netip.Addr {
 // The link kubeconfig verifies `from`'s API server with the CA of from's
 // client configuration; without one GrantLink refuses before changing
 // anything (GrantLinkWithOptions with InsecureSkipTLSVerify overrides).
-func GrantLink(ctx context.Context, from *Clients, fromSettings LinkSettings, server string, to *Clients, toName, namespace string) error {
+func GrantLink(ctx context.Context, from *k8s.Clients, fromSettings LinkSettings, server string, to *k8s.Clients, toName, namespace string) error {
 	return GrantLinkWithOptions(ctx, from, fromSettings, to, toName, namespace, GrantOptions{Server: server})
 }
 
@@ -304,7 +249,7 @@ type GrantOptions struct {
 var ErrNoCA = errors.New("its kubeconfig has no CA data (certificate-authority-data or certificate-authority), so the link could not verify its API server; add the CA, or accept an unverified link with --insecure-skip-tls-verify")
 
 // GrantLinkWithOptions is GrantLink with options.
-func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkSettings, to *Clients, toName, namespace string, o GrantOptions) error {
+func GrantLinkWithOptions(ctx context.Context, from *k8s.Clients, fromSettings LinkSettings, to *k8s.Clients, toName, namespace string, o GrantOptions) error {
 	if err := errors.Join(validName(fromSettings.Name), validName(toName)); err != nil {
 		return err
 	}
@@ -320,7 +265,7 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 	if _, err := k.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{}); err != nil {
 		return fmt.Errorf("cluster %s: namespace %s (is meshd installed?): %w", fromSettings.Name, namespace, err)
 	}
-	labels := map[string]string{LabelManagedBy: ManagedBy}
+	labels := map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}
 	if err := ensureLinkReader(ctx, k, fromSettings.Name, namespace, labels); err != nil {
 		return err
 	}
@@ -333,7 +278,7 @@ func GrantLinkWithOptions(ctx context.Context, from *Clients, fromSettings LinkS
 
 // linkCA is the CA the link kubeconfig verifies `from`'s API server with;
 // none is an error (ErrNoCA) unless insecure.
-func linkCA(from *Clients, name string, insecure bool) ([]byte, error) {
+func linkCA(from *k8s.Clients, name string, insecure bool) ([]byte, error) {
 	ca := from.Config.CAData
 	if len(ca) == 0 && from.Config.CAFile != "" {
 		var err error
@@ -387,7 +332,7 @@ func ensureLinkReader(ctx context.Context, k kubernetes.Interface, cluster, name
 
 // writeLinkSecret creates (or updates) in `to` the link Secret: a
 // kubeconfig for token and from's settings.
-func writeLinkSecret(ctx context.Context, to *Clients, namespace string, fromSettings LinkSettings, server string, ca []byte, token string, expires time.Time) error {
+func writeLinkSecret(ctx context.Context, to *k8s.Clients, namespace string, fromSettings LinkSettings, server string, ca []byte, token string, expires time.Time) error {
 	kc, err := clientcmd.Write(clientcmdapi.Config{
 		Clusters:       map[string]*clientcmdapi.Cluster{fromSettings.Name: {Server: server, CertificateAuthorityData: ca, InsecureSkipTLSVerify: len(ca) == 0}},
 		AuthInfos:      map[string]*clientcmdapi.AuthInfo{LinkReader: {Token: token}},
@@ -400,7 +345,7 @@ func writeLinkSecret(ctx context.Context, to *Clients, namespace string, fromSet
 	link := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: LinkSecretPrefix + fromSettings.Name, Namespace: namespace,
-			Labels:      map[string]string{LabelClusterLink: "true", LabelManagedBy: ManagedBy},
+			Labels:      map[string]string{LabelClusterLink: "true", k8s.LabelManagedBy: k8s.ManagedBy},
 			Annotations: fromSettings.annotations(),
 		},
 		Data: map[string][]byte{LinkKubeconfigKey: kc},
@@ -432,7 +377,7 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, na
 	sc := k.CoreV1().Secrets(namespace)
 	anchor, err := sc.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels,
-			Annotations: map[string]string{AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
+			Annotations: map[string]string{k8s.AnnotationPrefix + "purpose": "link tokens are bound to this Secret: deleting it revokes them"}},
 		Type: corev1.SecretTypeOpaque,
 	}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -507,7 +452,7 @@ func LinkTokenAnchor(toName string) string { return LinkReader + "-token-" + toN
 // RevokeLink removes what GrantLink made: the link Secret in `to`, and the
 // token anchor Secret of `to` in `from` (the reader ServiceAccount and role
 // stay for other links; deleting the anchor invalidates the token bound to it).
-func RevokeLink(ctx context.Context, from *Clients, fromName string, to *Clients, toName, namespace string) error {
+func RevokeLink(ctx context.Context, from *k8s.Clients, fromName string, to *k8s.Clients, toName, namespace string) error {
 	var errs []error
 	if err := to.Kube.CoreV1().Secrets(namespace).Delete(ctx, LinkSecretPrefix+fromName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("deleting link Secret %s/%s%s: %w", namespace, LinkSecretPrefix, fromName, err))

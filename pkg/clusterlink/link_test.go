@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"encoding/base64"
@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -25,8 +26,8 @@ func remoteNode(t *testing.T, name, region, ip, pod string) *corev1.Node {
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name,
-			Labels:      map[string]string{DefaultTopologyLabel: region},
-			Annotations: map[string]string{AnnotationPublicKey: k.PublicKey().String()}},
+			Labels:      map[string]string{k8s.DefaultTopologyLabel: region},
+			Annotations: map[string]string{k8s.AnnotationPublicKey: k.PublicKey().String()}},
 		Spec:   corev1.NodeSpec{PodCIDRs: []string{pod}},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}},
 	}
@@ -140,9 +141,9 @@ func TestRemotePeersGuard(t *testing.T) {
 		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")},
 		Allowed:   []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16"), netip.MustParsePrefix("10.52.0.0/16"), netip.MustParsePrefix("198.51.100.0/24")}}
 	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
-	w1.Annotations[AnnotationAllowedLocationIPs] = "203.0.113.0/24,172.16.0.0/12"
+	w1.Annotations[k8s.AnnotationAllowedLocationIPs] = "203.0.113.0/24,172.16.0.0/12"
 	local := []mesh.Node{{Name: "e1", InternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.7")}}}
-	guard := LocalGuard(mesh.Options{}, local, APIServerAddrs(&rest.Config{Host: "https://172.16.5.5:6443"})...)
+	guard := k8s.LocalGuard(mesh.Options{}, local, k8s.APIServerAddrs(&rest.Config{Host: "https://172.16.5.5:6443"})...)
 	peers, problems := RemotePeers(ls, []*corev1.Node{w1}, guard)
 	if len(peers) != 1 {
 		t.Fatalf("peers: %v", peers)
@@ -174,7 +175,7 @@ func TestAPIServerAddrs(t *testing.T) {
 		"https://203.0.113.2:6443": "203.0.113.2", "https://[2001:db8::1]:6443": "2001:db8::1",
 		"10.0.0.1:443": "10.0.0.1", "https://api.example.com": "", "": "",
 	} {
-		got := APIServerAddrs(&rest.Config{Host: host})
+		got := k8s.APIServerAddrs(&rest.Config{Host: host})
 		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0].String() != want) {
 			t.Errorf("%q: %v, want %q", host, got, want)
 		}

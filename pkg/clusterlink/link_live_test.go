@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"net/netip"
@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -26,7 +27,7 @@ func TestRemotePeersLive(t *testing.T) {
 	local := []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}
 	var gotLoc map[string]string
 	judge := func(live map[string]bool) RemoteJudge {
-		return func(loc map[string]string) Decision { gotLoc = loc; return Decision{Live: live} }
+		return func(loc map[string]string) k8s.Decision { gotLoc = loc; return k8s.Decision{Live: live} }
 	}
 	svc := netip.MustParsePrefix("10.97.0.0/16")
 	names := func(ps []mesh.Peer) (out []string, withSvc string) {

@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -39,8 +40,8 @@ func TestGrantLinkRequestsBoundToken(t *testing.T) {
 		tr.Status.Token = "the-token"
 		return true, tr, nil
 	})
-	from := &Clients{Kube: fromKube, Config: &rest.Config{Host: "https://c1:6443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("CA")}}}
-	to := &Clients{Kube: toKube, Config: &rest.Config{Host: "https://c2:6443"}}
+	from := &k8s.Clients{Kube: fromKube, Config: &rest.Config{Host: "https://c1:6443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("CA")}}}
+	to := &k8s.Clients{Kube: toKube, Config: &rest.Config{Host: "https://c2:6443"}}
 	settings := LinkSettings{Name: "cluster1", ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 		Granularity: mesh.GranularityLocation, MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}, Port: 51820}
 	if err := GrantLink(ctx, from, settings, "", to, "cluster2", ns); err != nil {

@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"bytes"
@@ -13,12 +13,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"meshd.io/meshd/pkg/k8s"
 )
 
 // LinkLiveness judges the nodes of linked clusters the way those clusters'
 // own nodes judge them: for each link it watches the linked cluster's
 // heartbeat Leases (with their probe reports) in the lease namespace and
-// keeps a Liveness for it. A linked cluster's leaders then fail over within
+// keeps a k8s.Liveness for it. A linked cluster's leaders then fail over within
 // the same budget as the local ones, and both clusters agree on them.
 // Sync starts and stops the watches as links come and go; a link whose
 // Leases cannot be read (an older reader role without `leases`, run
@@ -41,7 +42,7 @@ type LinkLiveness struct {
 type remoteLeases struct {
 	kc       []byte
 	cancel   context.CancelFunc
-	liveness *Liveness
+	liveness *k8s.Liveness
 	leases   cache.SharedIndexInformer
 }
 
@@ -120,7 +121,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building a client for %s: %w", cfg.Host, err)
 	}
-	l := NewLiveness(w.timeout, w.now)
+	l := k8s.NewLiveness(w.timeout, w.now)
 	l.SetTakeoverDelay(w.takeover)
 	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
 	observe := func(o any) {
@@ -139,7 +140,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 				o = t.Obj
 			}
 			if lease, ok := o.(*coordinationv1.Lease); ok {
-				if node, mine := NodeNameFromLease(lease); mine {
+				if node, mine := k8s.NodeNameFromLease(lease); mine {
 					l.Forget(node)
 					w.onChange()
 				}
@@ -172,7 +173,7 @@ func (w *LinkLiveness) Judge(secretName string) RemoteJudge {
 }
 
 // Changed reports whether any linked cluster's decision changed since it
-// was last used (see Liveness.Changed).
+// was last used (see k8s.Liveness.Changed).
 func (w *LinkLiveness) Changed() bool {
 	for _, l := range w.all() {
 		if l.Changed() {
@@ -182,7 +183,7 @@ func (w *LinkLiveness) Changed() bool {
 	return false
 }
 
-// NextChange is the earliest Liveness.NextChange of the linked clusters.
+// NextChange is the earliest k8s.Liveness.NextChange of the linked clusters.
 func (w *LinkLiveness) NextChange() (t time.Time, ok bool) {
 	for _, l := range w.all() {
 		if c, cok := l.NextChange(); cok && (!ok || c.Before(t)) {
@@ -192,10 +193,10 @@ func (w *LinkLiveness) NextChange() (t time.Time, ok bool) {
 	return t, ok
 }
 
-func (w *LinkLiveness) all() []*Liveness {
+func (w *LinkLiveness) all() []*k8s.Liveness {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]*Liveness, 0, len(w.remotes))
+	out := make([]*k8s.Liveness, 0, len(w.remotes))
 	for _, r := range w.remotes {
 		out = append(out, r.liveness)
 	}
