@@ -25,6 +25,7 @@ import (
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	meshdinformers "meshd.io/meshd/pkg/k8s/client/informers/externalversions/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
@@ -53,8 +54,10 @@ type daemon struct {
 	coalesce             *coalescer
 	routes               *route.Manager
 	device               *device
-	links                *clusterlink.LinkWatcher
-	stopEvents           func() // flushes and stops the Event broadcaster
+	// clusterLinks caches the ClusterLinks the link controller writes
+	// (nil: --cluster-links=false). Nodes hold no link credentials.
+	clusterLinks cache.SharedIndexInformer
+	stopEvents   func() // flushes and stops the Event broadcaster
 	// prober and probeChanged: the data-plane failover signal (failover.go).
 	prober       *probe.Prober
 	probeChanged chan struct{}
@@ -172,9 +175,11 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		return nil, err
 	}
 	if c.ClusterLinks {
-		d.links = clusterlink.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
-		r.links = d.links
-		r.linkLive = clusterlink.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
+		d.clusterLinks = meshdinformers.NewClusterLinkInformer(clients.Meshd, c.ResyncPeriod, cache.Indexers{})
+		if err := setTransform(d.clusterLinks, dropManagedFields); err != nil {
+			return nil, err
+		}
+		r.links = clusterlink.Source{Store: d.clusterLinks.GetStore(), Synced: d.clusterLinks.HasSynced}
 	}
 	return d, nil
 }
@@ -323,9 +328,11 @@ func (d *daemon) Run(ctx context.Context) error {
 	})
 	// The WireGuard interface deleted or recreated: its routes went with it.
 	add(func(lctx context.Context) error { return wg.WatchLink(lctx, d.log, d.cfg.Interface, d.enqueue) })
-	if d.links != nil { // linked clusters and their nodes' liveness
-		add(d.links.Run)
-		add(d.rec.linkLive.Run)
+	if d.clusterLinks != nil { // linked clusters, as the link controller reports them
+		if _, err := d.clusterLinks.AddEventHandler(d.handler()); err != nil {
+			return fmt.Errorf("adding event handler: %w", err)
+		}
+		add(func(lctx context.Context) error { d.clusterLinks.RunWithContext(lctx); return nil })
 	}
 	// The liveness heartbeat, and the data-plane probes.
 	add(d.runHeartbeat)

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	corev1 "k8s.io/api/core/v1"
 	clientmetrics "k8s.io/client-go/tools/metrics"
 
 	"meshd.io/meshd/pkg/clusterlink"
@@ -141,7 +140,7 @@ func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
 
 // linkState is what the metrics show of one linked cluster.
 type linkState struct {
-	secret  *corev1.Secret
+	expires time.Time // zero: unknown
 	refused []error
 }
 
@@ -159,8 +158,8 @@ func (m *metrics) setLinks(links map[string]linkState) {
 		for _, reason := range mesh.RefusalReasons {
 			m.refused.WithLabelValues(cluster, string(reason)).Set(float64(counts[reason]))
 		}
-		if t, ok := clusterlink.LinkTokenExpiry(l.secret); ok {
-			m.tokenExpiry.WithLabelValues(cluster).Set(float64(t.Unix()))
+		if !l.expires.IsZero() {
+			m.tokenExpiry.WithLabelValues(cluster).Set(float64(l.expires.Unix()))
 		}
 	}
 }
