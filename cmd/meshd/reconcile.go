@@ -376,6 +376,9 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 			}
 			continue
 		}
+		if rc.Unreachable {
+			stale++ // fresh as of the controller's last sight of the cluster
+		}
 		ps, problems := rc.Peers(guard)
 		r.report(rc.Object, id, clusterlink.RefusalEventReason(problems), problems)
 		states[name] = linkState{expires: rc.TokenExpires, refused: problems}

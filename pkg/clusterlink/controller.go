@@ -85,6 +85,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	go c.objects.RunWithContext(ctx)
 	errc := make(chan error, 2)
 	go func() { errc <- c.links.Run(ctx) }()
+	c.live.bind(ctx) // before the first Sync
 	go func() { errc <- c.live.Run(ctx) }()
 	if !cache.WaitForCacheSync(ctx.Done(), c.objects.HasSynced) {
 		return ctx.Err()
@@ -204,7 +205,13 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 	case rc.Err != nil:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InvalidLinkSecret", "the link Secret cannot be used; the last known leaders are kept"
 	case !rc.Synced:
-		return st, false // not listed yet (starting, or the linked cluster unreachable): keep everything
+		// Not listed yet (starting, or the linked cluster unreachable): the
+		// leaders stay; only the conditions may change.
+		if old := meta.FindStatusCondition(st.Conditions, ConditionSynced); old != nil {
+			cond = *old
+		} else {
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "NotListed", "the linked cluster's Nodes have not been listed yet"
+		}
 	default:
 		judge := c.live.Judge(rc.Secret.Name)
 		leaders, live, err := Leaders(rc.Settings, rc.Nodes, judge)
@@ -215,10 +222,21 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 		st.Leaders, st.LivenessKnown = LeaderStatus(leaders, live), judge != nil
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Listed", "the leaders come from a complete list of the linked cluster's Nodes"
 	}
-	if old := meta.FindStatusCondition(st.Conditions, ConditionSynced); old != nil && old.Status == cond.Status {
-		cond.LastTransitionTime = old.LastTransitionTime
+	conds := []metav1.Condition{cond}
+	if ok, known := c.live.Reachable(rc.Secret.Name); known && rc.Err == nil {
+		reach := metav1.Condition{Type: ConditionReachable, ObservedGeneration: cur.Generation,
+			Status: metav1.ConditionTrue, Reason: "LeasesWatched", Message: "the linked cluster's API server answers"}
+		if !ok {
+			reach.Status, reach.Reason, reach.Message = metav1.ConditionFalse, "Unreachable", "watching the linked cluster's Leases fails; its last known leaders are kept"
+		}
+		conds = append(conds, reach)
 	}
-	meta.SetStatusCondition(&st.Conditions, cond)
+	for _, cd := range conds {
+		if old := meta.FindStatusCondition(st.Conditions, cd.Type); old != nil && old.Status == cd.Status {
+			cd.LastTransitionTime = old.LastTransitionTime
+		}
+		meta.SetStatusCondition(&st.Conditions, cd)
+	}
 	return st, !sameJSON(normalStatus(st), normalStatus(cur.Status))
 }
 

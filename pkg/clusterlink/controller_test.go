@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -47,7 +49,7 @@ func startController(t *testing.T, kube *fake.Clientset, md *meshdfake.Clientset
 
 func (e *ctlEnv) waitLink(name, what string, ok func(*v1alpha1.ClusterLink) bool) *v1alpha1.ClusterLink {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		cl, err := e.meshd.MeshdV1alpha1().ClusterLinks().Get(context.Background(), name, metav1.GetOptions{})
 		if err == nil && ok(cl) || err != nil && ok(nil) {
@@ -117,10 +119,15 @@ func TestControllerWritesClusterLink(t *testing.T) {
 }
 
 // A controller that restarts while the linked cluster's API server does not
-// answer keeps the ClusterLink's last known leaders: no write at all.
+// answer keeps the ClusterLink's last known leaders: its only write is the
+// Reachable condition.
 func TestControllerRestartKeepsLeaders(t *testing.T) {
 	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
-	sec := linkSecret(LinkSecretPrefix+"west", "west", "http://127.0.0.1:1") // unreachable
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "etcd unavailable", http.StatusInternalServerError)
+	}))
+	t.Cleanup(down.Close)
+	sec := linkSecret(LinkSecretPrefix+"west", "west", down.URL) // answers every request with an error
 	ls, _, _ := LinkFromSecret(sec)
 	leaders, live, err := Leaders(ls, []*corev1.Node{w1}, nil)
 	if err != nil {
@@ -130,12 +137,16 @@ func TestControllerRestartKeepsLeaders(t *testing.T) {
 		Status: v1alpha1.ClusterLinkStatus{Leaders: LeaderStatus(leaders, live),
 			Conditions: []metav1.Condition{{Type: ConditionSynced, Status: metav1.ConditionTrue, Reason: "Listed", LastTransitionTime: metav1.Now()}}}}
 	e := startController(t, fake.NewClientset(sec), meshdfake.NewSimpleClientset(old))
-	time.Sleep(time.Second)
+	e.waitLink("west", "reported unreachable", func(cl *v1alpha1.ClusterLink) bool {
+		return cl != nil && RemoteFromObject(cl).Unreachable
+	})
+	time.Sleep(time.Second) // resyncs and retries
 	cl := e.waitLink("west", "kept", func(cl *v1alpha1.ClusterLink) bool { return cl != nil })
-	if len(cl.Status.Leaders) != 1 || cl.Status.Leaders[0].Name != "w1" {
-		t.Errorf("leaders after a restart with the linked cluster down: %+v", cl.Status.Leaders)
+	r := RemoteFromObject(cl)
+	if len(cl.Status.Leaders) != 1 || cl.Status.Leaders[0].Name != "w1" || !r.Observed || r.Err != nil {
+		t.Errorf("after a restart with the linked cluster down: %+v", cl.Status)
 	}
-	if n := e.writes.Load(); n != 0 {
-		t.Errorf("%d writes by a controller that cannot see the linked cluster", n)
+	if n := e.writes.Load(); n != 1 {
+		t.Errorf("%d writes by a controller that cannot see the linked cluster, want 1 (the Reachable condition)", n)
 	}
 }

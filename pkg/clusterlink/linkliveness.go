@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -40,6 +42,11 @@ type LinkLiveness struct {
 }
 
 type remoteLeases struct {
+	// reach is what the Lease watch says of the linked API server:
+	// reachUnknown until a Lease event or a failed watch, reachYes after a
+	// Lease event (heartbeats renew every quarter lease duration), reachNo
+	// after a watch failed (not for lack of permission).
+	reach    atomic.Int32
 	kc       []byte
 	cancel   context.CancelFunc
 	liveness *k8s.Liveness
@@ -55,9 +62,7 @@ func NewLinkLiveness(log *slog.Logger, namespace string, timeout, takeover, resy
 
 // Run keeps the watches Sync asks for until ctx ends.
 func (w *LinkLiveness) Run(ctx context.Context) error {
-	w.mu.Lock()
-	w.ctx = ctx
-	w.mu.Unlock()
+	w.bind(ctx)
 	<-ctx.Done()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -67,6 +72,14 @@ func (w *LinkLiveness) Run(ctx context.Context) error {
 	}
 	w.ctx = nil
 	return nil
+}
+
+// bind makes Sync start watches under ctx (Run does it; a caller that must
+// not race Run's start calls it first).
+func (w *LinkLiveness) bind(ctx context.Context) {
+	w.mu.Lock()
+	w.ctx = ctx
+	w.mu.Unlock()
 }
 
 // Sync makes the watches match the linked clusters: one per usable link,
@@ -124,9 +137,11 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	l := k8s.NewLiveness(w.timeout, w.now)
 	l.SetTakeoverDelay(w.takeover)
 	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
+	r := &remoteLeases{kc: kc, liveness: l, leases: inf}
 	observe := func(o any) {
 		if lease, ok := o.(*coordinationv1.Lease); ok {
 			reach := l.SetAPIReachable(true)
+			reach = r.reach.Swap(reachYes) != reachYes || reach
 			if l.Observe(lease) && l.Changed() || reach {
 				w.onChange()
 			}
@@ -151,13 +166,46 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	}
 	// The linked cluster unreachable: freeze, do not declare its nodes dead.
 	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			return // an older reader role without leases: every node live, as before
+		}
 		if l.SetAPIReachable(false) {
 			w.log.Warn("linked cluster's Leases unreachable; its liveness decisions are frozen", "host", cfg.Host, "error", err)
 		}
+		if r.reach.Swap(reachNo) != reachNo {
+			w.onChange()
+		}
 	})
 	ctx, cancel := context.WithCancel(w.ctx)
+	r.cancel = cancel
 	go inf.RunWithContext(ctx)
-	return &remoteLeases{kc: kc, cancel: cancel, liveness: l, leases: inf}, nil
+	return r, nil
+}
+
+const (
+	reachUnknown int32 = iota
+	reachYes
+	reachNo
+)
+
+// Reachable reports whether the cluster linked by the Secret secretName
+// answers: false once a watch of its Leases failed (for another reason than
+// a missing permission), true once a Lease event arrived; known is false
+// before either happened.
+func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
+	w.mu.Lock()
+	r := w.remotes[secretName]
+	w.mu.Unlock()
+	if r == nil {
+		return false, false
+	}
+	switch r.reach.Load() {
+	case reachYes:
+		return true, true
+	case reachNo:
+		return false, true
+	}
+	return false, false
 }
 
 // Judge returns the RemotePeersLive judge of the cluster linked by the

@@ -23,6 +23,10 @@ import (
 // leaders come from a complete list of the linked cluster's Nodes.
 const ConditionSynced = "Synced"
 
+// ConditionReachable is the ClusterLink condition that says whether the
+// linked cluster's API server answers the link controller.
+const ConditionReachable = "Reachable"
+
 // Remote is a linked cluster as a meshd node sees it, read from its
 // ClusterLink: no credentials, only what the link controller wrote.
 type Remote struct {
@@ -36,6 +40,9 @@ type Remote struct {
 	// Observed is false until the controller wrote the leaders once: the
 	// node then keeps the linked cluster's last known peers.
 	Observed bool
+	// Unreachable: the controller cannot reach the linked cluster now; the
+	// leaders are its last known ones.
+	Unreachable bool
 	// TokenExpires is when the link's token expires (zero: unknown).
 	TokenExpires time.Time
 	// Err says why the link cannot be used (its Secret is unusable, or the
@@ -65,8 +72,11 @@ func RemoteFromObject(cl *v1alpha1.ClusterLink) Remote {
 		r.TokenExpires = cl.Spec.TokenExpires.Time
 	}
 	for _, c := range cl.Status.Conditions {
-		if c.Type == ConditionSynced && c.Status == metav1.ConditionTrue {
+		switch {
+		case c.Type == ConditionSynced && c.Status == metav1.ConditionTrue:
 			r.Observed = true
+		case c.Type == ConditionReachable && c.Status == metav1.ConditionFalse:
+			r.Unreachable = true
 		}
 	}
 	for _, l := range cl.Status.Leaders {

@@ -19,6 +19,7 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=mlink,categories=meshd
 // +kubebuilder:printcolumn:name="Synced",type=string,JSONPath=`.status.conditions[?(@.type=="Synced")].status`
+// +kubebuilder:printcolumn:name="Reachable",type=string,JSONPath=`.status.conditions[?(@.type=="Reachable")].status`
 // +kubebuilder:printcolumn:name="Leaders",type=string,JSONPath=`.status.leaders[*].name`
 // +kubebuilder:printcolumn:name="Token expires",type=date,JSONPath=`.spec.tokenExpires`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -107,7 +108,9 @@ type ClusterLinkStatus struct {
 	LivenessKnown bool `json:"livenessKnown,omitempty"`
 	// Conditions: Synced is True once the leaders come from a complete list
 	// of the linked cluster's Nodes, and False while the link Secret cannot
-	// be used (the last known leaders stay).
+	// be used (the last known leaders stay); Reachable is False while the
+	// linked cluster's API server does not answer (the leaders are its last
+	// known ones).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
