@@ -47,6 +47,9 @@ type mcBed struct {
 	c2       *testbed.Cluster
 	one, two []*testbed.Node // nodes of cluster 1 (the main one) and cluster 2
 	admin    *testbed.External
+	// linkCtl are the link controllers (`meshd link`) of cluster 1 and 2,
+	// on the admin host (linkctl_test.go).
+	linkCtl [2]*testbed.Proc
 }
 
 // twoClusters starts cluster 2, the locations, the nodes (kube-proxy on
@@ -527,19 +530,18 @@ func TestMultiClusterLink(t *testing.T) {
 	if err := clusterlink.GrantLink(ctx, s.clients(b.c2.RESTConfig), bad, "", s.clients(tb.RESTConfig), "cluster1", testbed.LeaseNamespace); err != nil {
 		t.Fatal(err)
 	}
-	secret := clusterlink.LinkSecretPrefix + "overlap"
-	s.eventually(60*time.Second, time.Second, "an Event on link Secret "+secret+" naming both ranges", func() error {
-		evs, err := tb.Kube.CoreV1().Events(testbed.LeaseNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + secret})
+	s.eventually(60*time.Second, time.Second, "an Event on ClusterLink overlap naming both ranges", func() error {
+		evs, err := linkEvents(ctx, tb.Kube, "overlap")
 		if err != nil {
 			return err
 		}
-		for _, e := range evs.Items {
+		for _, e := range evs {
 			if strings.Contains(e.Message, overlapping) && strings.Contains(e.Message, testbed.ServiceCIDR) {
 				t.Logf("Event %s/%s: %s", e.Type, e.Reason, e.Message)
 				return nil
 			}
 		}
-		return fmt.Errorf("%d Events, none naming %s and %s", len(evs.Items), overlapping, testbed.ServiceCIDR)
+		return fmt.Errorf("%d Events, none naming %s and %s", len(evs), overlapping, testbed.ServiceCIDR)
 	})
 	s.eventually(30*time.Second, time.Second, "a meshd log line naming both ranges", func() error {
 		for _, n := range b.one {
@@ -610,6 +612,7 @@ func (s *scenario) admin(b *mcBed, script string) string {
 func (s *scenario) link(b *mcBed) {
 	s.t.Helper()
 	s.admin(b, linkCmd)
+	s.startLinkControllers(b)
 	// The credentials in cluster 2's link Secret read cluster 1's Nodes and
 	// nothing else.
 	sec, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(s.ctx, clusterlink.LinkSecretPrefix+"cluster1", metav1.GetOptions{})

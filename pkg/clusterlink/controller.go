@@ -101,7 +101,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-c.wake:
 		case <-retry.C:
 		case <-tick.C:
-			if !c.live.Changed() {
+			silent := c.live.CheckSilence()
+			if !c.live.Changed() && !silent {
 				continue
 			}
 		}

@@ -46,11 +46,16 @@ type remoteLeases struct {
 	// reachUnknown until a Lease event or a failed watch, reachYes after a
 	// Lease event (heartbeats renew every quarter lease duration), reachNo
 	// after a watch failed (not for lack of permission).
-	reach    atomic.Int32
-	kc       []byte
-	cancel   context.CancelFunc
-	liveness *k8s.Liveness
-	leases   cache.SharedIndexInformer
+	reach atomic.Int32
+	// lastEvent is when the last Lease event arrived (unix nanoseconds; 0:
+	// none yet). A linked API server that hangs fails no watch for a long
+	// time: silence longer than half the lease duration, while its nodes
+	// renew every quarter, says it as well (CheckSilence).
+	lastEvent atomic.Int64
+	kc        []byte
+	cancel    context.CancelFunc
+	liveness  *k8s.Liveness
+	leases    cache.SharedIndexInformer
 }
 
 // NewLinkLiveness returns a LinkLiveness; onChange is called when a linked
@@ -141,6 +146,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	observe := func(o any) {
 		if lease, ok := o.(*coordinationv1.Lease); ok {
 			reach := l.SetAPIReachable(true)
+			r.lastEvent.Store(w.now().UnixNano())
 			reach = r.reach.Swap(reachYes) != reachYes || reach
 			if l.Observe(lease) && l.Changed() || reach {
 				w.onChange()
@@ -180,6 +186,27 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	r.cancel = cancel
 	go inf.RunWithContext(ctx)
 	return r, nil
+}
+
+// CheckSilence marks every linked cluster whose Leases have been silent for
+// more than half the lease duration unreachable (and freezes its liveness
+// decisions, as a failed watch does); it reports whether one changed.
+func (w *LinkLiveness) CheckSilence() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	changed := false
+	now := w.now().UnixNano()
+	for name, r := range w.remotes {
+		last := r.lastEvent.Load()
+		if last == 0 || time.Duration(now-last) <= w.timeout/2 || r.reach.Load() == reachNo {
+			continue
+		}
+		r.reach.Store(reachNo)
+		r.liveness.SetAPIReachable(false)
+		w.log.Warn("linked cluster's Leases silent; counting it unreachable, its liveness decisions frozen", "secret", name, "silent_for", time.Duration(now-last).Round(time.Second))
+		changed = true
+	}
+	return changed
 }
 
 const (
