@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 	"meshd.io/meshd/pkg/mesh"
@@ -148,5 +149,35 @@ func TestControllerRestartKeepsLeaders(t *testing.T) {
 	}
 	if n := e.writes.Load(); n != 1 {
 		t.Errorf("%d writes by a controller that cannot see the linked cluster, want 1 (the Reachable condition)", n)
+	}
+}
+
+// A linked API server that hangs fails no watch for minutes; Leases silent
+// for more than half the lease duration (its nodes renew every quarter)
+// mark it unreachable, once, and a Lease event would mark it reachable.
+func TestCheckSilence(t *testing.T) {
+	now := time.Unix(1000, 0)
+	w := NewLinkLiveness(slog.New(slog.NewTextHandler(io.Discard, nil)), "meshd-system", 40*time.Second, 30*time.Second, time.Hour, func() {})
+	w.now = func() time.Time { return now }
+	r := &remoteLeases{liveness: k8s.NewLiveness(40*time.Second, w.now)}
+	w.remotes["meshd-link-west"] = r
+	if w.CheckSilence() {
+		t.Fatal("a cluster never heard from is not silent")
+	}
+	r.lastEvent.Store(now.UnixNano())
+	r.reach.Store(reachYes)
+	now = now.Add(20 * time.Second)
+	if w.CheckSilence() {
+		t.Fatal("silent for half the lease duration: not yet")
+	}
+	now = now.Add(time.Second)
+	if !w.CheckSilence() {
+		t.Fatal("silent for more than half the lease duration: unreachable")
+	}
+	if ok, known := w.Reachable("meshd-link-west"); ok || !known {
+		t.Errorf("Reachable = %v, %v", ok, known)
+	}
+	if w.CheckSilence() {
+		t.Error("reported twice")
 	}
 }

@@ -155,7 +155,15 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    observe,
-		UpdateFunc: func(_, o any) { observe(o) },
+		UpdateFunc: func(old, o any) {
+			// A resync replays the same Lease: no sign of life.
+			if a, ok := old.(*coordinationv1.Lease); ok {
+				if b, ok := o.(*coordinationv1.Lease); ok && a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+					return
+				}
+			}
+			observe(o)
+		},
 		DeleteFunc: func(o any) {
 			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = t.Obj
