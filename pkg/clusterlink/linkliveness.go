@@ -143,39 +143,7 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	l.SetTakeoverDelay(w.takeover)
 	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
 	r := &remoteLeases{kc: kc, liveness: l, leases: inf}
-	observe := func(o any) {
-		if lease, ok := o.(*coordinationv1.Lease); ok {
-			reach := l.SetAPIReachable(true)
-			r.lastEvent.Store(w.now().UnixNano())
-			reach = r.reach.Swap(reachYes) != reachYes || reach
-			if l.Observe(lease) && l.Changed() || reach {
-				w.onChange()
-			}
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    observe,
-		UpdateFunc: func(old, o any) {
-			// A resync replays the same Lease: no sign of life.
-			if a, ok := old.(*coordinationv1.Lease); ok {
-				if b, ok := o.(*coordinationv1.Lease); ok && a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
-					return
-				}
-			}
-			observe(o)
-		},
-		DeleteFunc: func(o any) {
-			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-				o = t.Obj
-			}
-			if lease, ok := o.(*coordinationv1.Lease); ok {
-				if node, mine := k8s.NodeNameFromLease(lease); mine {
-					l.Forget(node)
-					w.onChange()
-				}
-			}
-		},
-	}); err != nil {
+	if _, err := inf.AddEventHandler(w.leaseHandler(r)); err != nil {
 		return nil, err
 	}
 	// The linked cluster unreachable: freeze, do not declare its nodes dead.
@@ -222,6 +190,44 @@ const (
 	reachYes
 	reachNo
 )
+
+// leaseHandler observes a linked cluster's heartbeat Leases into r.
+func (w *LinkLiveness) leaseHandler(r *remoteLeases) cache.ResourceEventHandler {
+	l := r.liveness
+	observe := func(o any) {
+		if lease, ok := o.(*coordinationv1.Lease); ok {
+			reach := l.SetAPIReachable(true)
+			r.lastEvent.Store(w.now().UnixNano())
+			reach = r.reach.Swap(reachYes) != reachYes || reach
+			if l.Observe(lease) && l.Changed() || reach {
+				w.onChange()
+			}
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: observe,
+		UpdateFunc: func(old, o any) {
+			// A resync replays the same Lease: no sign of life.
+			if a, ok := old.(*coordinationv1.Lease); ok {
+				if b, ok := o.(*coordinationv1.Lease); ok && a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+					return
+				}
+			}
+			observe(o)
+		},
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if lease, ok := o.(*coordinationv1.Lease); ok {
+				if node, mine := k8s.NodeNameFromLease(lease); mine {
+					l.Forget(node)
+					w.onChange()
+				}
+			}
+		},
+	}
+}
 
 // Reachable reports whether the cluster linked by the Secret secretName
 // answers: false once a watch of its Leases failed (for another reason than
