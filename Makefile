@@ -85,6 +85,13 @@ bench:
 bench-scale: deps kube-binaries
 	E2E_RACE=$(or $(E2E_RACE),0) BENCH_SCALE=1 $(GO) test -tags e2e -count=1 -timeout 180m -v -run '^TestBenchScale$$' ./e2e/
 
+## bench-links: the cluster-link benchmark (not part of test): the linked API
+## server's own counts of watches and read requests, 50 nodes each watching
+## it (before the link controller) against one link controller (docs/scale.md).
+.PHONY: bench-links
+bench-links: deps kube-binaries
+	BENCH_LINKS=1 $(GO) test -tags e2e -count=1 -timeout 60m -v -run '^TestBenchLinks$$' ./e2e/
+
 ## fuzz: every Go fuzz target for FUZZTIME each (default 5s; FUZZTIME=5m make fuzz for longer).
 .PHONY: fuzz
 fuzz:

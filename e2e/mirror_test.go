@@ -314,21 +314,28 @@ func TestMultiClusterMirror(t *testing.T) {
 // ServiceAccount meshd-system/meshd-mirror of the manifests.
 func (s *scenario) mirrorKubeconfig(c *testbed.Cluster) string {
 	s.t.Helper()
+	return s.saKubeconfig(c.Kube, c.Kubeconfig, c.Token, filepath.Join(c.Dir, "mirror.kubeconfig"), "meshd-mirror")
+}
+
+// saKubeconfig writes to path the admin kubeconfig adminKubeconfig (whose
+// token is adminToken) with a one-hour token of ServiceAccount sa of
+// LeaseNamespace instead: what a Deployment of that ServiceAccount gets.
+func (s *scenario) saKubeconfig(kube kubernetes.Interface, adminKubeconfig, adminToken, path, sa string) string {
+	s.t.Helper()
 	exp := int64(3600)
-	tr, err := c.Kube.CoreV1().ServiceAccounts(testbed.LeaseNamespace).CreateToken(s.ctx, "meshd-mirror",
+	tr, err := kube.CoreV1().ServiceAccounts(testbed.LeaseNamespace).CreateToken(s.ctx, sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	if err != nil {
-		s.t.Fatalf("token of ServiceAccount meshd-mirror in cluster %s: %v", c.Name, err)
+		s.t.Fatalf("token of ServiceAccount %s (%s): %v", sa, adminKubeconfig, err)
 	}
-	admin, err := os.ReadFile(c.Kubeconfig)
+	admin, err := os.ReadFile(adminKubeconfig)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	kc := strings.Replace(string(admin), "user: {token: "+c.Token+"}", "user: {token: "+tr.Status.Token+"}", 1)
+	kc := strings.Replace(string(admin), "user: {token: "+adminToken+"}", "user: {token: "+tr.Status.Token+"}", 1)
 	if kc == string(admin) {
-		s.t.Fatalf("%s: no admin token to replace", c.Kubeconfig)
+		s.t.Fatalf("%s: no admin token to replace", adminKubeconfig)
 	}
-	path := filepath.Join(c.Dir, "mirror.kubeconfig")
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		s.t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/e2e/testbed"
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/mesh"
 )
@@ -47,6 +47,9 @@ type mcBed struct {
 	c2       *testbed.Cluster
 	one, two []*testbed.Node // nodes of cluster 1 (the main one) and cluster 2
 	admin    *testbed.External
+	// linkCtl are the link controllers (`meshd link`) of cluster 1 and 2,
+	// on the admin host (linkctl_test.go).
+	linkCtl [2]*testbed.Proc
 }
 
 // twoClusters starts cluster 2, the locations, the nodes (kube-proxy on
@@ -496,7 +499,7 @@ func TestMultiClusterLink(t *testing.T) {
 	t.Logf("c1n3's peer removed from cluster 2 %s after its Node was deleted", time.Since(start).Round(time.Millisecond))
 
 	// Unlink: the remote peers go, the token stops working.
-	kc, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, k8s.LinkSecretPrefix+"cluster1", metav1.GetOptions{})
+	kc, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(ctx, clusterlink.LinkSecretPrefix+"cluster1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +518,7 @@ func TestMultiClusterLink(t *testing.T) {
 		t.Errorf("cluster 2 still reaches cluster 1's pods after unlinking")
 	}
 	s.eventually(30*time.Second, time.Second, "the revoked link token is rejected by cluster 1", func() error {
-		return s.linkTokenRejected(kc.Data[k8s.LinkKubeconfigKey])
+		return s.linkTokenRejected(kc.Data[clusterlink.LinkKubeconfigKey])
 	})
 	t.Logf("the revoked link token is rejected %s after unlinking", time.Since(start).Round(time.Millisecond))
 
@@ -524,22 +527,21 @@ func TestMultiClusterLink(t *testing.T) {
 	// 10.96.0.0/12.
 	const overlapping = "10.97.0.0/16"
 	bad := linkSettings("overlap", overlapping, c2MeshCIDR)
-	if err := k8s.GrantLink(ctx, s.clients(b.c2.RESTConfig), bad, "", s.clients(tb.RESTConfig), "cluster1", testbed.LeaseNamespace); err != nil {
+	if err := clusterlink.GrantLink(ctx, s.clients(b.c2.RESTConfig), bad, "", s.clients(tb.RESTConfig), "cluster1", testbed.LeaseNamespace); err != nil {
 		t.Fatal(err)
 	}
-	secret := k8s.LinkSecretPrefix + "overlap"
-	s.eventually(60*time.Second, time.Second, "an Event on link Secret "+secret+" naming both ranges", func() error {
-		evs, err := tb.Kube.CoreV1().Events(testbed.LeaseNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + secret})
+	s.eventually(60*time.Second, time.Second, "an Event on ClusterLink overlap naming both ranges", func() error {
+		evs, err := linkEvents(ctx, tb.Kube, "overlap")
 		if err != nil {
 			return err
 		}
-		for _, e := range evs.Items {
+		for _, e := range evs {
 			if strings.Contains(e.Message, overlapping) && strings.Contains(e.Message, testbed.ServiceCIDR) {
 				t.Logf("Event %s/%s: %s", e.Type, e.Reason, e.Message)
 				return nil
 			}
 		}
-		return fmt.Errorf("%d Events, none naming %s and %s", len(evs.Items), overlapping, testbed.ServiceCIDR)
+		return fmt.Errorf("%d Events, none naming %s and %s", len(evs), overlapping, testbed.ServiceCIDR)
 	})
 	s.eventually(30*time.Second, time.Second, "a meshd log line naming both ranges", func() error {
 		for _, n := range b.one {
@@ -577,8 +579,8 @@ func (s *scenario) clients(cfg *rest.Config) *connect.Clients {
 
 // linkSettings describe each cluster as the other needs to know it (what
 // `meshctl link` derives from its flags).
-func linkSettings(name, serviceCIDR, meshCIDR string) k8s.LinkSettings {
-	return k8s.LinkSettings{Name: name, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(serviceCIDR)},
+func linkSettings(name, serviceCIDR, meshCIDR string) clusterlink.LinkSettings {
+	return clusterlink.LinkSettings{Name: name, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(serviceCIDR)},
 		Granularity: mesh.GranularityLocation, MeshCIDRs: []netip.Prefix{netip.MustParsePrefix(meshCIDR)},
 		TopologyLabel: testbed.LabelRegion, Port: mesh.DefaultPort}
 }
@@ -610,13 +612,14 @@ func (s *scenario) admin(b *mcBed, script string) string {
 func (s *scenario) link(b *mcBed) {
 	s.t.Helper()
 	s.admin(b, linkCmd)
+	s.startLinkControllers(b)
 	// The credentials in cluster 2's link Secret read cluster 1's Nodes and
 	// nothing else.
-	sec, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(s.ctx, k8s.LinkSecretPrefix+"cluster1", metav1.GetOptions{})
+	sec, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(s.ctx, clusterlink.LinkSecretPrefix+"cluster1", metav1.GetOptions{})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	kube := s.linkClient(sec.Data[k8s.LinkKubeconfigKey])
+	kube := s.linkClient(sec.Data[clusterlink.LinkKubeconfigKey])
 	if _, err := kube.CoreV1().Nodes().List(s.ctx, metav1.ListOptions{}); err != nil {
 		s.t.Errorf("link credentials cannot list cluster 1's Nodes: %v", err)
 	}

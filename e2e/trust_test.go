@@ -29,7 +29,7 @@ import (
 // installBaseManifests applies exactly what `kubectl apply -k manifests`
 // installs (the DaemonSet too: nothing runs it, the testbed has no
 // controllers) and takes away what the testbed adds on top of it (the
-// cluster-links component's RoleBinding). Cleanup deletes the admission
+// RoleBinding an older cluster-links component gave nodes, if present). Cleanup deletes the admission
 // policy, its binding and the DaemonSet and restores the testbed's RBAC, so
 // later scenarios (which use a token bound to no Pod) are unaffected.
 func (s *scenario) installBaseManifests() {
@@ -379,7 +379,7 @@ func TestNodeCredentials(t *testing.T) {
 // TestLinkTrust: two clusters linked with `meshctl link` (agreed ranges: pod
 // CIDR, node network, mesh and service CIDRs). Cluster 2's leader then
 // claims a range outside the agreement and one covering cluster 1's API
-// server: cluster 1 refuses both (Warning Event on the link Secret, metric by
+// server: cluster 1 refuses both (Warning Event on the ClusterLink, metric by
 // reason, not in any WireGuard peer) while cross-cluster traffic goes on. The
 // link token's expiry is a metric and in `meshctl status`; `meshctl link
 // --refresh` renews the token and the link keeps working.
@@ -407,19 +407,19 @@ func TestLinkTrust(t *testing.T) {
 	if code, err := patchNode(ctx, b.c2.Kube, l2.Name, map[string]map[string]any{"annotations": {"meshd.io/allowed-location-ips": outside + "," + apiRange}}); code != 200 {
 		t.Fatalf("annotating %s: HTTP %d (%v)", l2.Name, code, err)
 	}
-	s.eventually(60*time.Second, time.Second, "an Event on link Secret meshd-link-cluster2 naming both refused ranges", func() error {
-		evs, err := tb.Kube.CoreV1().Events(testbed.LeaseNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=meshd-link-cluster2"})
+	s.eventually(60*time.Second, time.Second, "an Event on ClusterLink cluster2 naming both refused ranges", func() error {
+		evs, err := linkEvents(ctx, tb.Kube, "cluster2")
 		if err != nil {
 			return err
 		}
-		for _, e := range evs.Items {
+		for _, e := range evs {
 			if e.Reason == "RangeRefused" && strings.Contains(e.Message, outside) && strings.Contains(e.Message, "outside the ranges agreed") &&
 				strings.Contains(e.Message, apiRange) && strings.Contains(e.Message, "API server") {
 				t.Logf("Event %s/%s: %s", e.Type, e.Reason, e.Message)
 				return nil
 			}
 		}
-		return fmt.Errorf("%d Events, none RangeRefused naming %s and %s", len(evs.Items), outside, apiRange)
+		return fmt.Errorf("%d Events, none RangeRefused naming %s and %s", len(evs), outside, apiRange)
 	})
 	l1 := s.leaderOf(b.one)
 	s.eventually(30*time.Second, time.Second, "meshd_cluster_link_refused_ranges on "+l1.Name, func() error {

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
@@ -49,7 +49,7 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 // settings validates the side's flags. A side given by its context alone
 // uses the global --kubeconfig (kubeconfig; empty: $KUBECONFIG, then
 // ~/.kube/config).
-func (s *side) settings(flag, kubeconfig string) (k8s.LinkSettings, error) {
+func (s *side) settings(flag, kubeconfig string) (clusterlink.LinkSettings, error) {
 	var errs []error
 	if s.kubeconfig == "" && s.context != "" {
 		s.kubeconfig = kubeconfig
@@ -60,7 +60,7 @@ func (s *side) settings(flag, kubeconfig string) (k8s.LinkSettings, error) {
 	if s.name == "" && (s.kubeconfig != "" || s.context != "") {
 		s.name = dnsLabel(contextName(s.kubeconfig, s.context))
 	}
-	ls := k8s.LinkSettings{Name: s.name, Granularity: mesh.Granularity(s.granularity), TopologyLabel: s.topology, Port: s.port}
+	ls := clusterlink.LinkSettings{Name: s.name, Granularity: mesh.Granularity(s.granularity), TopologyLabel: s.topology, Port: s.port}
 	if ls.Name == "" {
 		errs = append(errs, fmt.Errorf("--%sname is required (the kubeconfig has no usable current context)", flag))
 	}
@@ -91,7 +91,7 @@ func (s *side) settings(flag, kubeconfig string) (k8s.LinkSettings, error) {
 // claimable fills in ls.Allowed, unless --*-allowed-cidr gave it, with the
 // ranges the cluster claims now: its mesh and service CIDRs and its nodes'
 // pod CIDRs, addresses and allowed-location-ips.
-func claimable(ctx context.Context, c *connect.Clients, ls *k8s.LinkSettings) error {
+func claimable(ctx context.Context, c *connect.Clients, ls *clusterlink.LinkSettings) error {
 	if ls.Allowed != nil {
 		return nil
 	}
@@ -128,7 +128,7 @@ func dnsLabel(s string) string {
 }
 
 // overlaps reports the ranges the two clusters share (they must not).
-func overlaps(a, b k8s.LinkSettings) []string {
+func overlaps(a, b clusterlink.LinkSettings) []string {
 	var out []string
 	for _, p := range append(a.MeshCIDRs, a.ServiceCIDRs...) {
 		for _, q := range append(b.MeshCIDRs, b.ServiceCIDRs...) {
@@ -141,7 +141,7 @@ func overlaps(a, b k8s.LinkSettings) []string {
 }
 
 // settingsOf validates both sides' flags; they must name two clusters.
-func (e *env) settingsOf(from, to *side) (fs, ts k8s.LinkSettings, err error) {
+func (e *env) settingsOf(from, to *side) (fs, ts clusterlink.LinkSettings, err error) {
 	fs, err1 := from.settings("from-", e.s.kubeconfig)
 	ts, err2 := to.settings("to-", e.s.kubeconfig)
 	if err := errors.Join(err1, err2); err != nil {
@@ -224,7 +224,7 @@ A cluster whose kubeconfig has no CA data is refused unless
 				cl   *connect.Clients
 			}{{fs.Name, fc}, {ts.Name, tc}} {
 				if !insecure && !hasCA(c.cl) && !(oneWay && c.name == ts.Name) {
-					return fmt.Errorf("cluster %s: %w", c.name, k8s.ErrNoCA)
+					return fmt.Errorf("cluster %s: %w", c.name, clusterlink.ErrNoCA)
 				}
 			}
 			// Mesh flags not given come from what each cluster's meshd
@@ -238,14 +238,14 @@ A cluster whose kubeconfig has no CA data is refused unless
 			if err := claimable(ctx, tc, &ts); err != nil {
 				return err
 			}
-			grant := func(c *connect.Clients, ls k8s.LinkSettings, server string, reader *connect.Clients, readerName string) error {
-				return k8s.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, k8s.GrantOptions{Server: server, InsecureSkipTLSVerify: insecure})
+			grant := func(c *connect.Clients, ls clusterlink.LinkSettings, server string, reader *connect.Clients, readerName string) error {
+				return clusterlink.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, clusterlink.GrantOptions{Server: server, InsecureSkipTLSVerify: insecure})
 			}
 			if err := grant(fc, fs, from.server, tc, ts.Name); err != nil {
 				return fmt.Errorf("letting %s read %s: %w", ts.Name, fs.Name, err)
 			}
 			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s); %s may claim %s\n",
-				ts.Name, fs.Name, ns, k8s.LinkSecretPrefix, fs.Name, ts.Name, fs.Name, prefixList(fs.Allowed))
+				ts.Name, fs.Name, ns, clusterlink.LinkSecretPrefix, fs.Name, ts.Name, fs.Name, prefixList(fs.Allowed))
 			if oneWay {
 				return nil
 			}
@@ -253,7 +253,7 @@ A cluster whose kubeconfig has no CA data is refused unless
 				return fmt.Errorf("letting %s read %s: %w", fs.Name, ts.Name, err)
 			}
 			fmt.Fprintf(e.stdout, "cluster %s now peers with the leaders of cluster %s (Secret %s/%s%s in %s); %s may claim %s\n",
-				fs.Name, ts.Name, ns, k8s.LinkSecretPrefix, ts.Name, fs.Name, ts.Name, prefixList(ts.Allowed))
+				fs.Name, ts.Name, ns, clusterlink.LinkSecretPrefix, ts.Name, fs.Name, ts.Name, prefixList(ts.Allowed))
 			return nil
 		},
 	}
@@ -277,15 +277,15 @@ func (e *env) refreshLinks(ctx context.Context, from, to *side, fromName, toName
 	}
 	ns := e.s.leaseNamespace
 	renew := func(c *connect.Clients, name string, reader *connect.Clients, readerName string) error {
-		s, err := reader.Kube.CoreV1().Secrets(ns).Get(ctx, k8s.LinkSecretPrefix+name, metav1.GetOptions{})
+		s, err := reader.Kube.CoreV1().Secrets(ns).Get(ctx, clusterlink.LinkSecretPrefix+name, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("cluster %s: reading link Secret %s/%s%s (link the clusters first): %w", readerName, ns, k8s.LinkSecretPrefix, name, err)
+			return fmt.Errorf("cluster %s: reading link Secret %s/%s%s (link the clusters first): %w", readerName, ns, clusterlink.LinkSecretPrefix, name, err)
 		}
-		ls, kc, err := k8s.LinkFromSecret(s)
+		ls, kc, err := clusterlink.LinkFromSecret(s)
 		if err != nil {
 			return err
 		}
-		o := k8s.GrantOptions{InsecureSkipTLSVerify: insecure}
+		o := clusterlink.GrantOptions{InsecureSkipTLSVerify: insecure}
 		if cfg, err := clientcmd.Load(kc); err == nil {
 			for _, cl := range cfg.Clusters {
 				o.Server = cl.Server
@@ -293,16 +293,16 @@ func (e *env) refreshLinks(ctx context.Context, from, to *side, fromName, toName
 			}
 		}
 		if !o.InsecureSkipTLSVerify && !hasCA(c) {
-			return fmt.Errorf("cluster %s: %w", name, k8s.ErrNoCA)
+			return fmt.Errorf("cluster %s: %w", name, clusterlink.ErrNoCA)
 		}
-		if err := k8s.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, o); err != nil {
+		if err := clusterlink.GrantLinkWithOptions(ctx, c, ls, reader, readerName, ns, o); err != nil {
 			return fmt.Errorf("renewing %s's token for %s: %w", readerName, name, err)
 		}
-		s, err = reader.Kube.CoreV1().Secrets(ns).Get(ctx, k8s.LinkSecretPrefix+name, metav1.GetOptions{})
+		s, err = reader.Kube.CoreV1().Secrets(ns).Get(ctx, clusterlink.LinkSecretPrefix+name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		exp, _ := k8s.LinkTokenExpiry(s)
+		exp, _ := clusterlink.LinkTokenExpiry(s)
 		fmt.Fprintf(e.stdout, "renewed the token cluster %s uses to read cluster %s (expires %s)\n", readerName, name, tokenExpiry(exp, e.now()))
 		return nil
 	}
@@ -350,7 +350,7 @@ func newUnlinkCommand(e *env) *cobra.Command {
 				return err
 			}
 			ns := e.s.leaseNamespace
-			err = errors.Join(k8s.RevokeLink(ctx, fc, fs.Name, tc, ts.Name, ns), k8s.RevokeLink(ctx, tc, ts.Name, fc, fs.Name, ns))
+			err = errors.Join(clusterlink.RevokeLink(ctx, fc, fs.Name, tc, ts.Name, ns), clusterlink.RevokeLink(ctx, tc, ts.Name, fc, fs.Name, ns))
 			if err != nil {
 				return err
 			}

@@ -11,8 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/connect"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
 )
 
@@ -20,10 +21,10 @@ import (
 // cluster's leaders sees it: read through the link Secret's credentials.
 type linkedCluster struct {
 	Secret   string
-	Settings k8s.LinkSettings
+	Settings clusterlink.LinkSettings
 	Server   string
 	// Peers are the remote location leaders as this cluster's meshd peers
-	// them (what k8s.RemotePeers gives meshd).
+	// them (what clusterlink.RemotePeers gives meshd).
 	Peers []mesh.Peer
 	// Problems are ranges meshd does not route (overlaps).
 	Problems []string
@@ -51,14 +52,14 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	if err != nil {
 		return nil, []string{fmt.Sprintf("linked clusters not shown: %v", err)}
 	}
-	sl, err := c.Kube.CoreV1().Secrets(m.Set.leaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: k8s.LabelClusterLink + "=true"})
+	sl, err := c.Kube.CoreV1().Secrets(m.Set.leaseNamespace).List(ctx, metav1.ListOptions{LabelSelector: clusterlink.LabelClusterLink + "=true"})
 	switch {
 	case apierrors.IsForbidden(err):
 		return nil, []string{fmt.Sprintf("linked clusters not shown: not allowed to list Secrets in namespace %s", m.Set.leaseNamespace)}
 	case err != nil:
 		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", m.Set.leaseNamespace, shortError(err))}
 	}
-	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, k8s.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
+	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, convert.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
 	newRemote := e.remoteClients
 	if newRemote == nil {
 		newRemote = remoteClientsFromKubeconfig
@@ -67,8 +68,8 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	for i := range sl.Items {
 		s := &sl.Items[i]
 		lc := linkedCluster{Secret: s.Name}
-		lc.TokenExpires, _ = k8s.LinkTokenExpiry(s)
-		settings, kc, err := k8s.LinkFromSecret(s)
+		lc.TokenExpires, _ = clusterlink.LinkTokenExpiry(s)
+		settings, kc, err := clusterlink.LinkFromSecret(s)
 		lc.Settings = settings
 		if err != nil {
 			lc.Err = err
@@ -82,7 +83,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	return out, nil
 }
 
-func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local mesh.RemoteGuard, newRemote func([]byte) (*connect.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
+func readLinked(ctx context.Context, ls clusterlink.LinkSettings, kc []byte, local mesh.RemoteGuard, newRemote func([]byte) (*connect.Clients, error)) (peers []mesh.Peer, server string, problems []string, err error) {
 	rc, err := newRemote(kc)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("cluster %s: %w", ls.Name, err)
@@ -98,7 +99,7 @@ func readLinked(ctx context.Context, ls k8s.LinkSettings, kc []byte, local mesh.
 	for i := range nl.Items {
 		nodes[i] = &nl.Items[i]
 	}
-	peers, errs := k8s.RemotePeers(ls, nodes, local)
+	peers, errs := clusterlink.RemotePeers(ls, nodes, local)
 	for _, e := range errs {
 		problems = append(problems, e.Error())
 	}

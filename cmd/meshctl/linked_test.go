@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
@@ -25,15 +25,15 @@ import (
 func linkSecret(cluster string) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: k8s.LinkSecretPrefix + cluster, Namespace: "meshd-system",
-			Labels: map[string]string{k8s.LabelClusterLink: "true"},
+			Name: clusterlink.LinkSecretPrefix + cluster, Namespace: "meshd-system",
+			Labels: map[string]string{clusterlink.LabelClusterLink: "true"},
 			Annotations: map[string]string{
-				k8s.AnnotationRemoteCluster:      cluster,
-				k8s.AnnotationRemoteServiceCIDRs: "10.112.0.0/12",
-				k8s.AnnotationRemoteMeshCIDRs:    "10.8.0.0/16",
+				clusterlink.AnnotationRemoteCluster:      cluster,
+				clusterlink.AnnotationRemoteServiceCIDRs: "10.112.0.0/12",
+				clusterlink.AnnotationRemoteMeshCIDRs:    "10.8.0.0/16",
 			},
 		},
-		Data: map[string][]byte{k8s.LinkKubeconfigKey: []byte("kubeconfig of " + cluster)},
+		Data: map[string][]byte{clusterlink.LinkKubeconfigKey: []byte("kubeconfig of " + cluster)},
 	}
 }
 
@@ -73,8 +73,8 @@ func TestStatusShowsLinkedClusters(t *testing.T) {
 		return true, nil, errors.New("dial tcp 198.51.100.99:6443: connect: connection refused")
 	})
 	s2, s3 := linkSecret("c2"), linkSecret("c3")
-	s2.Annotations[k8s.AnnotationLinkTokenExpires] = now.Add(30 * 24 * time.Hour).UTC().Format(time.RFC3339)
-	s3.Annotations[k8s.AnnotationLinkTokenExpires] = now.Add(-time.Hour).UTC().Format(time.RFC3339)
+	s2.Annotations[clusterlink.AnnotationLinkTokenExpires] = now.Add(30 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	s3.Annotations[clusterlink.AnnotationLinkTokenExpires] = now.Add(-time.Hour).UTC().Format(time.RFC3339)
 	r := statusWithLinks(t, []runtime.Object{s2, s3}, map[string]*kubefake.Clientset{"c2": c2, "c3": down},
 		func(kube *kubefake.Clientset) {
 			// Replace eu-1 with the copy carrying the handshake.

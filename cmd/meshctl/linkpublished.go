@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/connect"
 )
 
@@ -58,7 +58,7 @@ func fillPublished(ctx context.Context, c *connect.Clients, s *side, prefix stri
 
 // linkSettingsFromClusters fills both sides from what their clusters
 // publish, validates them again and refuses overlapping ranges.
-func (e *env) linkSettingsFromClusters(ctx context.Context, cmd *cobra.Command, from, to *side, fc, tc *connect.Clients) (fs, ts k8s.LinkSettings, err error) {
+func (e *env) linkSettingsFromClusters(ctx context.Context, cmd *cobra.Command, from, to *side, fc, tc *connect.Clients) (fs, ts clusterlink.LinkSettings, err error) {
 	for _, x := range []struct {
 		s      *side
 		c      *connect.Clients
@@ -84,7 +84,7 @@ func (e *env) linkSettingsFromClusters(ctx context.Context, cmd *cobra.Command, 
 // givenOnly is ls without the mesh CIDRs when --PREFIXmesh-cidr was not
 // given: before the clusters are read, only ranges given on the command
 // line can be compared (a default may not be the cluster's).
-func givenOnly(ls k8s.LinkSettings, prefix string, cmd *cobra.Command) k8s.LinkSettings {
+func givenOnly(ls clusterlink.LinkSettings, prefix string, cmd *cobra.Command) clusterlink.LinkSettings {
 	if !cmd.Flags().Changed(prefix + "mesh-cidr") {
 		ls.MeshCIDRs = nil
 	}

@@ -28,7 +28,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 	"meshd.io/meshd/pkg/k8s/connect"
@@ -584,16 +584,16 @@ func TestLinkTrust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := s.Annotations[k8s.AnnotationRemoteAllowedCIDRs], "10.4.0.0/16,10.42.0.0/16,10.96.0.0/12,198.51.100.0/24"; got != want {
+	if got, want := s.Annotations[clusterlink.AnnotationRemoteAllowedCIDRs], "10.4.0.0/16,10.42.0.0/16,10.96.0.0/12,198.51.100.0/24"; got != want {
 		t.Errorf("allowed ranges %q, want %q", got, want)
 	}
 	if !strings.Contains(r.stdout, "east may claim 10.4.0.0/16,10.42.0.0/16,10.96.0.0/12,198.51.100.0/24") {
 		t.Errorf("output does not say what east may claim: %q", r.stdout)
 	}
-	if !strings.Contains(string(s.Data[k8s.LinkKubeconfigKey]), "insecure-skip-tls-verify: true") {
-		t.Errorf("the link kubeconfig of a cluster without CA must say so:\n%s", s.Data[k8s.LinkKubeconfigKey])
+	if !strings.Contains(string(s.Data[clusterlink.LinkKubeconfigKey]), "insecure-skip-tls-verify: true") {
+		t.Errorf("the link kubeconfig of a cluster without CA must say so:\n%s", s.Data[clusterlink.LinkKubeconfigKey])
 	}
-	if exp, ok := k8s.LinkTokenExpiry(s); !ok || !exp.Equal(now.Add(24*time.Hour).Truncate(time.Second)) {
+	if exp, ok := clusterlink.LinkTokenExpiry(s); !ok || !exp.Equal(now.Add(24*time.Hour).Truncate(time.Second)) {
 		t.Errorf("token expiry %v %v, want %v", exp, ok, now.Add(24*time.Hour))
 	}
 
@@ -607,11 +607,11 @@ func TestLinkTrust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(s2.Data[k8s.LinkKubeconfigKey]), "tok-2") || s2.Annotations[k8s.AnnotationRemoteAllowedCIDRs] != s.Annotations[k8s.AnnotationRemoteAllowedCIDRs] ||
-		s2.Annotations[k8s.AnnotationRemoteMeshCIDRs] != "10.4.0.0/16" {
-		t.Errorf("refreshed Secret: annotations %v\n%s", s2.Annotations, s2.Data[k8s.LinkKubeconfigKey])
+	if !strings.Contains(string(s2.Data[clusterlink.LinkKubeconfigKey]), "tok-2") || s2.Annotations[clusterlink.AnnotationRemoteAllowedCIDRs] != s.Annotations[clusterlink.AnnotationRemoteAllowedCIDRs] ||
+		s2.Annotations[clusterlink.AnnotationRemoteMeshCIDRs] != "10.4.0.0/16" {
+		t.Errorf("refreshed Secret: annotations %v\n%s", s2.Annotations, s2.Data[clusterlink.LinkKubeconfigKey])
 	}
-	if exp, _ := k8s.LinkTokenExpiry(s2); !exp.Equal(now.Add(48 * time.Hour).Truncate(time.Second)) {
+	if exp, _ := clusterlink.LinkTokenExpiry(s2); !exp.Equal(now.Add(48 * time.Hour).Truncate(time.Second)) {
 		t.Errorf("refreshed expiry %v", exp)
 	}
 }

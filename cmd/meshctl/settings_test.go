@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -205,11 +205,11 @@ func TestLinkUsesPublishedSettings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a := s.Annotations; a[k8s.AnnotationRemoteMeshCIDRs] != c.mesh || a[k8s.AnnotationRemoteServiceCIDRs] != c.svc || a[k8s.AnnotationRemoteGranularity] != c.gran {
+		if a := s.Annotations; a[clusterlink.AnnotationRemoteMeshCIDRs] != c.mesh || a[clusterlink.AnnotationRemoteServiceCIDRs] != c.svc || a[clusterlink.AnnotationRemoteGranularity] != c.gran {
 			t.Errorf("%s: %v", c.secret, a)
 		}
 	}
-	if s, _ := east.CoreV1().Secrets("meshd-system").Get(context.Background(), "meshd-link-west", metav1.GetOptions{}); s.Annotations[k8s.AnnotationRemotePort] != "51999" {
+	if s, _ := east.CoreV1().Secrets("meshd-system").Get(context.Background(), "meshd-link-west", metav1.GetOptions{}); s.Annotations[clusterlink.AnnotationRemotePort] != "51999" {
 		t.Errorf("west's published port not recorded: %v", s.Annotations)
 	}
 

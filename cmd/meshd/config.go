@@ -89,7 +89,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.DurationVar(&c.LeaseDuration, "lease-duration", 40*time.Second, "a node whose Lease this node has not seen change for this long is not live (leader failover)")
 	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", false, "remove the interface, routes, rules and iptables chains on exit (default: leave them so traffic keeps flowing across restarts)")
 	fs.StringVar(&c.IPTablesMode, "iptables-backend", "", "iptables binaries to use: empty (the system default), nft or legacy")
-	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link` (link Secrets labelled meshd.io/cluster-link=true in --lease-namespace)")
+	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link`, as the link controller (`meshd link`) describes them in ClusterLink objects; nodes read no link Secret")
 	fs.IntVar(&c.ProbePort, "probe-port", 51821, "UDP port of the data-plane probes between nodes (leader failover within seconds: a leader that stops answering its location or the other locations is replaced); the same on every node; 0 turns probing off (failover by --lease-duration only)")
 	fs.DurationVar(&c.TakeoverDelay, "takeover-delay", 30*time.Second, "how long a node that came back (Lease renewed, probes answered) must stay healthy before it takes its location's leadership back")
 	fs.IntVar(&c.PeerMetricsLimit, "peer-metrics-limit", defaultPeerMetricsLimit, "at most this many WireGuard peers get per-peer series (meshd_wireguard_peer_*): Peer objects and linked clusters first, then locations, then nodes; 0 turns per-peer series off (meshd_wireguard_peers_handshake_recent counts them all; see docs/metrics.md)")

@@ -22,11 +22,12 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/dnscache"
 	"meshd.io/meshd/pkg/iptables"
-	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/client/clientset/versioned"
+	meshdinformers "meshd.io/meshd/pkg/k8s/client/informers/externalversions/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -59,8 +60,10 @@ type daemon struct {
 	coalesce             *coalescer
 	routes               *route.Manager
 	device               *wg.Manager
-	links                *k8s.LinkWatcher
-	stopEvents           func() // flushes and stops the Event broadcaster
+	// clusterLinks caches the ClusterLinks the link controller writes
+	// (nil: --cluster-links=false). Nodes hold no link credentials.
+	clusterLinks cache.SharedIndexInformer
+	stopEvents   func() // flushes and stops the Event broadcaster
 	// prober and probeChanged: the data-plane failover signal (failover.go).
 	prober       *probe.Prober
 	probeChanged chan struct{}
@@ -152,7 +155,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		metrics:  m,
 		settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
 	}
-	r.apiServers = k8s.APIServerAddrs(clients.Config)
+	r.apiServers = convert.APIServerAddrs(clients.Config)
 	if ipt6 != nil {
 		r.ipt6 = ipt6
 	}
@@ -201,9 +204,11 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 		return nil, err
 	}
 	if c.ClusterLinks {
-		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
-		r.links = d.links
-		r.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
+		d.clusterLinks = meshdinformers.NewClusterLinkInformer(clients.Meshd, c.ResyncPeriod, cache.Indexers{})
+		if err := setTransform(d.clusterLinks, dropManagedFields); err != nil {
+			return nil, err
+		}
+		r.links = clusterlink.Source{Store: d.clusterLinks.GetStore(), Synced: d.clusterLinks.HasSynced}
 	}
 	return d, nil
 }
@@ -368,9 +373,11 @@ func (d *daemon) Run(ctx context.Context) error {
 	// The WireGuard interface: put back when deleted or recreated (its
 	// routes went with it, so reconcile), first handshakes retried.
 	add(func(lctx context.Context) error { return d.device.Run(lctx, d.enqueue) })
-	if d.links != nil { // linked clusters and their nodes' liveness
-		add(d.links.Run)
-		add(d.rec.linkLive.Run)
+	if d.clusterLinks != nil { // linked clusters, as the link controller reports them
+		if _, err := d.clusterLinks.AddEventHandler(d.handler()); err != nil {
+			return fmt.Errorf("adding event handler: %w", err)
+		}
+		add(func(lctx context.Context) error { d.clusterLinks.RunWithContext(lctx); return nil })
 	}
 	// The liveness heartbeat, and the data-plane probes.
 	add(d.runHeartbeat)

@@ -34,6 +34,11 @@ func flagsDoc() string {
 	mfs := newMirrorFlagSet(&mc)
 	mfs.SetOutput(&b)
 	mfs.PrintDefaults()
+	b.WriteString("```\n\n## meshd link\n\nThe link controller; see [multi-cluster.md](multi-cluster.md).\n\n```\n")
+	var lc linkConfig
+	lfs := newLinkFlagSet(&lc)
+	lfs.SetOutput(&b)
+	lfs.PrintDefaults()
 	b.WriteString("```\n")
 	return b.String()
 }

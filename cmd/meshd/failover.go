@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
@@ -195,24 +194,11 @@ func (d *daemon) nextLivenessCheck() time.Duration {
 	if t, ok := d.rec.liveness.NextChange(); ok {
 		wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
 	}
-	if d.rec.linkLive != nil {
-		if t, ok := d.rec.linkLive.NextChange(); ok {
-			wait = min(wait, max(time.Until(t)+time.Millisecond, time.Millisecond))
-		}
-	}
 	return wait
 }
 
-// livenessChanged: a local or linked cluster's decision changed.
+// livenessChanged: a local liveness decision changed (a linked cluster's
+// are the link controller's: they arrive as ClusterLink updates).
 func (d *daemon) livenessChanged() bool {
-	return d.rec.liveness.Changed() || d.rec.linkLive != nil && d.rec.linkLive.Changed()
-}
-
-// linkJudge is how a linked cluster's leaders are elected: from its own
-// Leases and probe reports when they can be read, else all live.
-func (r *reconciler) linkJudge(rc k8s.RemoteCluster) k8s.RemoteJudge {
-	if r.linkLive == nil || rc.Secret == nil {
-		return nil
-	}
-	return r.linkLive.Judge(rc.Secret.Name)
+	return d.rec.liveness.Changed()
 }

@@ -1,7 +1,8 @@
 // Command meshd is the node daemon of meshd: it keeps this node's WireGuard
 // interface, routes and iptables rules equal to the plan computed from the
 // cluster's Nodes and Peers. Subcommands: `device` runs only a userspace
-// WireGuard device, `cleanup` removes everything meshd owns.
+// WireGuard device, `cleanup` removes everything meshd owns, `mirror`
+// mirrors linked clusters' Services and `link` is the link controller.
 //
 // Out of scope: deciding or touching anything itself. The plan comes from
 // pkg/mesh, the conversion of API objects from pkg/k8s/convert, and every kernel
@@ -32,6 +33,7 @@ Usage:
   meshd device --interface NAME     run only a userspace WireGuard device (a sidecar that outlives meshd restarts)
   meshd cleanup [flags]             remove the interface, routes, rules and iptables chains meshd owns
   meshd mirror [flags]              mirror exported Services of linked clusters (see meshd mirror --help)
+  meshd link [flags]                the link controller: watch linked clusters once, write ClusterLinks (see meshd link --help)
   meshd version (or meshd --version) print the version
 
 Flags of the node daemon (cleanup takes the same):
@@ -54,6 +56,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return cleanupCommand().main(args[1:], stderr)
 		case "mirror":
 			return mirrorCommand().main(args[1:], stderr)
+		case "link":
+			return linkCommand().main(args[1:], stderr)
 		case "version", "--version":
 			fmt.Fprintln(stdout, version)
 			return 0

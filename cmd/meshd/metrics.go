@@ -12,9 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	corev1 "k8s.io/api/core/v1"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/wg"
 )
@@ -150,7 +149,7 @@ func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
 
 // linkState is what the metrics show of one linked cluster.
 type linkState struct {
-	secret  *corev1.Secret
+	expires time.Time // zero: unknown
 	refused []error
 }
 
@@ -164,12 +163,12 @@ func (m *metrics) setLinks(links map[string]linkState) {
 	m.refused.Reset()
 	m.tokenExpiry.Reset()
 	for cluster, l := range links {
-		counts := k8s.CountRefusals(l.refused)
+		counts := clusterlink.CountRefusals(l.refused)
 		for _, reason := range mesh.RefusalReasons {
 			m.refused.WithLabelValues(cluster, string(reason)).Set(float64(counts[reason]))
 		}
-		if t, ok := k8s.LinkTokenExpiry(l.secret); ok {
-			m.tokenExpiry.WithLabelValues(cluster).Set(float64(t.Unix()))
+		if !l.expires.IsZero() {
+			m.tokenExpiry.WithLabelValues(cluster).Set(float64(l.expires.Unix()))
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
@@ -147,24 +147,28 @@ func TestRestoreAppliesPersistedState(t *testing.T) {
 // fakeLinks is a linkSource with fixed answers.
 type fakeLinks struct {
 	listed  bool
-	remotes []k8s.RemoteCluster
+	remotes []clusterlink.Remote
 }
 
-func (f *fakeLinks) Snapshot() []k8s.RemoteCluster { return f.remotes }
-func (f *fakeLinks) Listed() bool                  { return f.listed }
+func (f *fakeLinks) Snapshot() []clusterlink.Remote { return f.remotes }
+func (f *fakeLinks) Listed() bool                   { return f.listed }
 
 // TestLinkedClusterKeepsPeersWhenUnsynced: a linked cluster's peers stay
-// while its Nodes are not listed (restart or kubeconfig change during its
-// outage) or its link Secret is unusable, across a restart (persisted), and
-// go only when the link Secret is deleted.
+// while the link controller has not observed it (restart or kubeconfig
+// change during its outage) or its link is unusable, across a restart
+// (persisted), and go only when the ClusterLink is deleted.
 func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 	dir := t.TempDir()
 	nodes := []*corev1.Node{testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{})}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "meshd-system", Name: "link-west"}}
-	settings := k8s.LinkSettings{Name: "west", Granularity: mesh.GranularityLocation, Port: 51820,
+	settings := clusterlink.LinkSettings{Name: "west", Granularity: mesh.GranularityLocation, Port: 51820,
 		MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16")}, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.97.0.0/16")}}
 	remote := testNode("w1", "x", "203.0.113.31", "10.52.1.0/24", newKey(t))
-	links := &fakeLinks{listed: true, remotes: []k8s.RemoteCluster{{Settings: settings, Secret: secret, Nodes: []*corev1.Node{remote}, Synced: true}}}
+	leaders, _, err := clusterlink.Leaders(settings, []*corev1.Node{remote}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := &fakeLinks{listed: true, remotes: []clusterlink.Remote{{Object: &v1alpha1.ClusterLink{ObjectMeta: metav1.ObjectMeta{Name: "west"}},
+		Link: mesh.RemoteLink{Cluster: "west"}, Leaders: leaders, Observed: true}}}
 	f := newFakes(t, "a1", nodes...)
 	f.rec.stateDir, f.rec.links = dir, links
 	westPeer := func(f *fakes) bool {
@@ -192,10 +196,10 @@ func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 		}
 	}
 	step(f, "synced", true)
-	links.remotes[0].Synced, links.remotes[0].Nodes = false, nil
+	links.remotes[0].Observed, links.remotes[0].Leaders = false, nil
 	step(f, "kubeconfig changed while the cluster is down", true)
-	links.remotes[0].Err = errors.New("link Secret broken")
-	step(f, "link Secret unusable", true)
+	links.remotes[0].Err = errors.New("link broken")
+	step(f, "link unusable", true)
 	links.remotes[0].Err = nil
 
 	// Restart while the linked cluster is down: first the link Secrets are
@@ -209,11 +213,11 @@ func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 	if !westPeer(g) {
 		t.Fatal("restored state lacks the linked cluster's peer")
 	}
-	step(g, "restart, link Secrets not listed", true)
+	step(g, "restart, ClusterLinks not listed", true)
 	g.rec.links = links
 	step(g, "restart, linked cluster unreachable", true)
 	links.remotes = nil
-	step(g, "link Secret deleted", false)
+	step(g, "ClusterLink deleted", false)
 }
 
 // panicLister panics like a planner bug on shared input would.

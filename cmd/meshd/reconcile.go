@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/iptables"
-	"meshd.io/meshd/pkg/k8s"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -49,7 +49,7 @@ type (
 	// linkSource lists the linked clusters (nil: no cluster links); Listed
 	// is false until the link Secrets were listed once.
 	linkSource interface {
-		Snapshot() []k8s.RemoteCluster
+		Snapshot() []clusterlink.Remote
 		Listed() bool
 	}
 	// probeSetter takes the data-plane probe targets (failover.go).
@@ -80,9 +80,7 @@ type reconciler struct {
 
 	nodeLister, peerLister lister
 	links                  linkSource
-	// linkLive judges linked clusters' nodes from their Leases (nil: all live).
-	linkLive   *k8s.LinkLiveness
-	apiServers []netip.Addr // no linked cluster's range may cover them
+	apiServers             []netip.Addr // no linked cluster's range may cover them
 
 	device     wgDevice
 	routes     routeSetter
@@ -353,17 +351,18 @@ func preferV4(as []netip.Addr) netip.Addr {
 	return as[0]
 }
 
-// remotePeers turns the location leaders of every linked cluster into
+// remotePeers turns the location leaders of every linked cluster, as the
+// link controller (`meshd link`) wrote them into its ClusterLink, into
 // peers. Remote ranges overlapping this cluster's pod, mesh or service
 // ranges, covering a node's underlay address, a WireGuard endpoint or the API
 // server, or outside the ranges agreed at link time are dropped and reported
-// on the link Secret (and meshd_cluster_link_refused_ranges), never routed.
+// on the ClusterLink (and meshd_cluster_link_refused_ranges), never routed.
 //
-// A linked cluster's peers are never removed because its API server cannot
-// be read: until its Nodes are listed (meshd just started, or the link's
-// kubeconfig changed, while that cluster is unreachable), or while its link
-// Secret is unusable, the cluster keeps its last known peers (persisted with
-// the plan). Only deleting the link Secret removes them.
+// A linked cluster's peers are never removed because it cannot be read:
+// until the controller has listed its Nodes, or while its link is unusable,
+// the cluster keeps its last known peers (persisted with the plan). Only
+// deleting the ClusterLink (the controller does when the link Secret goes)
+// removes them.
 func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	if r.links == nil {
 		return nil
@@ -380,9 +379,6 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		return peers
 	}
 	remotes := r.links.Snapshot()
-	if r.linkLive != nil {
-		r.linkLive.Sync(remotes)
-	}
 	guard := mesh.LocalGuard(r.opts, nodes, r.apiServers...)
 	var peers []mesh.Peer
 	stale := 0
@@ -390,28 +386,26 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 	seen := make(map[string]bool, len(remotes))
 	states := make(map[string]linkState, len(remotes))
 	for _, rc := range remotes {
-		name := rc.Secret.Name
+		name := rc.Link.Cluster
 		id := "link/" + name
 		seen[id] = true
-		switch {
-		case rc.Err != nil:
-			r.report(rc.Secret, id, "InvalidClusterLink", []error{rc.Err})
-			if last, ok := r.linkPeers[name]; ok {
-				stale++
-				peers = append(peers, last...)
+		if rc.Err != nil || !rc.Observed {
+			if rc.Err != nil {
+				r.report(rc.Object, id, "InvalidClusterLink", []error{rc.Err})
 			}
-			continue
-		case !rc.Synced:
 			if last, ok := r.linkPeers[name]; ok {
 				stale++
-				r.log.Debug("linked cluster not synced; keeping its last known peers", "cluster", rc.Settings.Name, "peers", len(last))
+				r.log.Debug("linked cluster not observed or unusable; keeping its last known peers", "cluster", name, "peers", len(last))
 				peers = append(peers, last...)
 			}
 			continue
 		}
-		ps, problems := k8s.RemotePeersLive(rc.Settings, rc.Nodes, guard, r.linkJudge(rc))
-		r.report(rc.Secret, id, k8s.RefusalEventReason(problems), problems)
-		states[rc.Settings.Name] = linkState{secret: rc.Secret, refused: problems}
+		if rc.Unreachable {
+			stale++ // fresh as of the controller's last sight of the cluster
+		}
+		ps, problems := rc.Peers(guard)
+		r.report(rc.Object, id, clusterlink.RefusalEventReason(problems), problems)
+		states[name] = linkState{expires: rc.TokenExpires, refused: problems}
 		r.linkPeers[name] = ps
 		peers = append(peers, ps...)
 	}

@@ -152,8 +152,8 @@ var rules = []rule{{
 		return "", false
 	},
 }, {
-	name:       "the Kubernetes layer (pkg/k8s/..., pkg/dnscache) uses no executor and no kernel package",
-	dirs:       []string{"pkg/k8s", "pkg/dnscache"},
+	name:       "the Kubernetes layer (pkg/k8s/..., pkg/clusterlink, pkg/dnscache) uses no executor and no kernel package",
+	dirs:       []string{"pkg/k8s", "pkg/clusterlink", "pkg/dnscache"},
 	transitive: true,
 	forbidden: func(imp string) (string, bool) {
 		if imp == wgtypes {

@@ -1,18 +1,20 @@
-// Package k8s links clusters: it reads and writes the link Secrets that
-// connect this cluster's mesh to another's (LinkFromSecret, GrantLink,
-// RevokeLink), watches the linked clusters' Nodes and heartbeat Leases
-// (LinkWatcher, LinkLiveness), and converts a linked cluster's nodes into
-// the Peers this cluster routes to (RemotePeers, with the policy in
-// pkg/mesh).
+// Package k8s is the root of meshd's Kubernetes layer. It holds no code of
+// its own, only this map and the test that keeps the CRD reference docs
+// true (crddoc_test.go); the layer is split by concern:
 //
-// The Kubernetes layer is split by concern: the Peer API types live in
-// pkg/k8s/apis/meshd/v1alpha1 and the generated clientset, listers and
-// informers in pkg/k8s/client (run hack/update-codegen.sh after changing
-// the types); clients in pkg/k8s/connect; conversion of Nodes and Peers and
-// publishing in pkg/k8s/convert; heartbeat and liveness in
-// pkg/k8s/liveness; preshared-key Secrets in pkg/k8s/secrets.
+//   - pkg/k8s/apis/meshd/v1alpha1: the Peer and ClusterLink API types, and
+//     pkg/k8s/client the generated clientset, listers and informers (run
+//     hack/update-codegen.sh after changing the types);
+//   - pkg/k8s/connect: API clients, the Peer informer, the event recorder;
+//   - pkg/k8s/convert: Node and Peer objects to planner inputs and back
+//     (annotations, publishing, Peer status, published settings);
+//   - pkg/k8s/liveness: the heartbeat Lease and the liveness judge;
+//   - pkg/k8s/secrets: Peer preshared keys from Secrets.
 //
-// Out of scope: planning (pkg/mesh decides; this package only converts and
+// Cluster links live in pkg/clusterlink, background DNS resolution in
+// pkg/dnscache.
+//
+// Out of scope: planning (pkg/mesh decides; the layer only converts and
 // reports) and every kernel change (the executors pkg/wg, pkg/route and
-// pkg/iptables); nothing here reads the network outside the watches.
+// pkg/iptables); nothing in the layer reads the network outside its watches.
 package k8s

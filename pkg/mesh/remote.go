@@ -98,11 +98,25 @@ func (r RangeRefusal) Error() string {
 // (CheckRemoteRange); refused ones are dropped and returned. A leader left
 // with nothing to route is no peer. A host prefix of a remote leader's own
 // endpoint is dropped silently: it is that leader's underlay route, never a
-// claim.
+// claim. It is RemoteLeaders followed by FilterRemote.
 func RemotePeers(link RemoteLink, nodes []Node, guard RemoteGuard) (peers []Peer, refused []RangeRefusal, err error) {
+	leaders, err := RemoteLeaders(link, nodes)
+	if err != nil {
+		return nil, nil, err
+	}
+	peers, refused = FilterRemote(link, leaders, guard)
+	return peers, refused, nil
+}
+
+// RemoteLeaders elects a linked cluster's location leaders from its nodes
+// and its own liveness view (link.Liveness), as its own nodes elect them:
+// one Peer per leader, named after the leader node, carrying what that
+// leader routes, the service CIDRs on the first live one. Nothing is
+// checked here: FilterRemote applies this cluster's policy.
+func RemoteLeaders(link RemoteLink, nodes []Node) ([]Peer, error) {
 	topo, err := NewTopology(nodes, nil, Local{Live: link.Liveness.Live, Settling: link.Liveness.Settling}, Options{Granularity: link.Granularity, MeshCIDRs: link.MeshCIDRs, Port: link.Port})
 	if err != nil {
-		return nil, nil, fmt.Errorf("computing cluster %s's topology: %w", link.Cluster, err)
+		return nil, fmt.Errorf("computing cluster %s's topology: %w", link.Cluster, err)
 	}
 	var leaders []Peer
 	for _, seg := range topo.Segments {
@@ -110,23 +124,32 @@ func RemotePeers(link RemoteLink, nodes []Node, guard RemoteGuard) (peers []Peer
 			leaders = append(leaders, p)
 		}
 	}
-	// The remote leaders' endpoints are protected too: a range of one
-	// leader covering another's endpoint would loop.
+	if svc := serviceLeader(leaders, link.Liveness.Live); len(leaders) > 0 {
+		p := &leaders[svc]
+		p.AllowedIPs = append(slices.Clip(p.AllowedIPs), link.ServiceCIDRs...)
+	}
+	return leaders, nil
+}
+
+// FilterRemote turns a linked cluster's leaders (RemoteLeaders) into this
+// cluster's peers: each is named cluster-<cluster>-<leader>, and every range
+// it claims is checked (CheckRemoteRange against link.Allowed and guard,
+// whose protected addresses gain the leaders' own endpoints: a range of one
+// leader covering another's endpoint would loop). Refused ranges are dropped
+// and returned; a leader left with nothing to route is no peer. leaders is
+// not modified.
+func FilterRemote(link RemoteLink, leaders []Peer, guard RemoteGuard) (peers []Peer, refused []RangeRefusal) {
 	g := RemoteGuard{Local: guard.Local, Protected: slices.Clone(guard.Protected)}
 	for _, p := range leaders {
 		if a := p.Endpoint.Addr.Addr(); a.IsValid() {
 			g.Protected = append(g.Protected, ProtectedAddr{Addr: a.Unmap(), What: fmt.Sprintf("the WireGuard endpoint of cluster %s's leader %s", link.Cluster, p.Name)})
 		}
 	}
-	svc := serviceLeader(leaders, link.Liveness.Live)
-	for i, p := range leaders {
+	for _, p := range leaders {
 		leader := p.Name
 		p.Name = "cluster-" + link.Cluster + "-" + leader
-		if i == svc {
-			p.AllowedIPs = append(p.AllowedIPs, link.ServiceCIDRs...)
-		}
 		own := p.Endpoint.Addr.Addr().Unmap()
-		kept := p.AllowedIPs[:0]
+		kept := make([]netip.Prefix, 0, len(p.AllowedIPs))
 		for _, a := range p.AllowedIPs {
 			if own.IsValid() && a.IsSingleIP() && a.Addr().Unmap() == own {
 				continue
@@ -143,7 +166,7 @@ func RemotePeers(link RemoteLink, nodes []Node, guard RemoteGuard) (peers []Peer
 			peers = append(peers, p)
 		}
 	}
-	return peers, refused, nil
+	return peers, refused
 }
 
 // serviceLeader is the index of the leader that carries a linked cluster's

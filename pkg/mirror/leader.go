@@ -71,7 +71,7 @@ func RunLeaderElected(ctx context.Context, log *slog.Logger, kube kubernetes.Int
 				running = true
 				mu.Unlock()
 				defer close(done)
-				log.Info("leading: mirroring", "lease", le.Namespace+"/"+le.Name, "identity", le.Identity)
+				log.Info("leading", "lease", le.Namespace+"/"+le.Name, "identity", le.Identity)
 				err := run(lctx)
 				mu.Lock()
 				runErr, ended = err, lctx.Err() == nil

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 )
 
 // WatchLinks adds and removes remote clusters as the cluster-link Secrets
@@ -38,8 +38,8 @@ func (c *Controller) watchLinks(ctx context.Context, kube kubernetes.Interface, 
 	upsert := func(s *corev1.Secret) {
 		// The mirror needs only the cluster's name and kubeconfig; the mesh
 		// settings of the link are the node daemon's business.
-		settings, _, err := k8s.LinkFromSecret(s)
-		kc := s.Data[k8s.LinkKubeconfigKey]
+		settings, _, err := clusterlink.LinkFromSecret(s)
+		kc := s.Data[clusterlink.LinkKubeconfigKey]
 		if settings.Name != "" && len(kc) > 0 {
 			err = nil
 		}
@@ -65,7 +65,7 @@ func (c *Controller) watchLinks(ctx context.Context, kube kubernetes.Interface, 
 		links[s.Name] = linkState{cluster: settings.Name, kc: kc}
 		c.log.Info("mirroring exports of linked cluster", "cluster", settings.Name, "secret", s.Namespace+"/"+s.Name)
 	}
-	return k8s.WatchLinkSecrets(ctx, kube, namespace, c.opts.Resync, k8s.LinkSecretEvents{
+	return clusterlink.WatchLinkSecrets(ctx, kube, namespace, c.opts.Resync, clusterlink.LinkSecretEvents{
 		Upsert: upsert,
 		Delete: func(name string) {
 			if l, ok := links[name]; ok {

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -462,10 +462,10 @@ func TestRemoveRemoteDeletesItsMirrors(t *testing.T) {
 func TestWatchLinks(t *testing.T) {
 	r := shopRemote("c1")
 	link := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: k8s.LinkSecretPrefix + "c1", Namespace: "meshd-system",
-			Labels:      map[string]string{k8s.LabelClusterLink: "true"},
-			Annotations: map[string]string{k8s.AnnotationRemoteCluster: "c1"}},
-		Data: map[string][]byte{k8s.LinkKubeconfigKey: []byte("kubeconfig-of-c1")},
+		ObjectMeta: metav1.ObjectMeta{Name: clusterlink.LinkSecretPrefix + "c1", Namespace: "meshd-system",
+			Labels:      map[string]string{clusterlink.LabelClusterLink: "true"},
+			Annotations: map[string]string{clusterlink.AnnotationRemoteCluster: "c1"}},
+		Data: map[string][]byte{clusterlink.LinkKubeconfigKey: []byte("kubeconfig-of-c1")},
 	}
 	// A mirror of a cluster no longer linked: an orphan to delete.
 	orphan := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "old", Namespace: "shop",

@@ -9,6 +9,9 @@
 //	                              send BYTES pseudo-random bytes, half-close,
 //	                              and check the answer; exit 1 on mismatch
 //	e2etool http ADDR TEXT        serve HTTP: every request gets "TEXT\n"
+//	e2etool linkload [-mode nodes|controller] [-n N] [-duration D] SECRET
+//	                              the load of cluster links on a linked
+//	                              cluster's API server (linkload.go)
 //
 // Out of scope: checking results (the e2e tests do; e2etool only moves bytes
 // and reports what it saw).
@@ -67,13 +70,15 @@ func main() {
 			log.Printf("HTTP %s %s from %s", r.Method, r.URL, r.RemoteAddr)
 			_, _ = io.WriteString(w, text)
 		})))
+	case "linkload":
+		linkLoad(os.Args[2:])
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES | e2etool http ADDR TEXT")
+	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES | e2etool http ADDR TEXT | e2etool linkload [-mode M] [-n N] [-duration D] SECRET")
 	os.Exit(2)
 }
 

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
 
 	"meshd.io/meshd/pkg/dnscache"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -163,4 +166,23 @@ func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr,
 		return netip.Addr{}, err
 	}
 	return dnscache.PickAddr(as)
+}
+
+// APIServerAddrs are the addresses of the API server cfg talks to, when its
+// host is an IP address (a name is not resolved: nothing in the reconcile
+// reads the network).
+func APIServerAddrs(cfg *rest.Config) []netip.Addr {
+	if cfg == nil || cfg.Host == "" {
+		return nil
+	}
+	host := cfg.Host
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		host = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return []netip.Addr{a.Unmap()}
+	}
+	return nil
 }

@@ -26,7 +26,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(SchemeGroupVersion, &Peer{}, &PeerList{})
+	scheme.AddKnownTypes(SchemeGroupVersion, &Peer{}, &PeerList{}, &ClusterLink{}, &ClusterLinkList{})
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
 }

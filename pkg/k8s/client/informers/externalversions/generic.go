@@ -37,6 +37,8 @@ func (f *genericInformer) Lister() cache.GenericLister {
 func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource) (GenericInformer, error) {
 	switch resource {
 	// Group=meshd.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithResource("clusterlinks"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Meshd().V1alpha1().ClusterLinks().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("peers"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Meshd().V1alpha1().Peers().Informer()}, nil
 

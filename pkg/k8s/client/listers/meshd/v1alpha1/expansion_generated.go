@@ -2,6 +2,10 @@
 
 package v1alpha1
 
+// ClusterLinkListerExpansion allows custom methods to be added to
+// ClusterLinkLister.
+type ClusterLinkListerExpansion interface{}
+
 // PeerListerExpansion allows custom methods to be added to
 // PeerLister.
 type PeerListerExpansion interface{}

@@ -8,6 +8,8 @@ import (
 
 // Interface provides access to all the informers in this group version.
 type Interface interface {
+	// ClusterLinks returns a ClusterLinkInformer.
+	ClusterLinks() TypedClusterLinkInformer
 	// Peers returns a PeerInformer.
 	Peers() TypedPeerInformer
 }
@@ -21,6 +23,11 @@ type version struct {
 // New returns a new Interface.
 func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakListOptions internalinterfaces.TweakListOptionsFunc) Interface {
 	return &version{factory: f, namespace: namespace, tweakListOptions: tweakListOptions}
+}
+
+// ClusterLinks returns a TypedClusterLinkInformer.
+func (v *version) ClusterLinks() TypedClusterLinkInformer {
+	return &clusterLinkInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
 }
 
 // Peers returns a TypedPeerInformer.

@@ -12,12 +12,17 @@ import (
 
 type MeshdV1alpha1Interface interface {
 	RESTClient() rest.Interface
+	ClusterLinksGetter
 	PeersGetter
 }
 
 // MeshdV1alpha1Client is used to interact with features provided by the meshd.io group.
 type MeshdV1alpha1Client struct {
 	restClient rest.Interface
+}
+
+func (c *MeshdV1alpha1Client) ClusterLinks() ClusterLinkInterface {
+	return newClusterLinks(c)
 }
 
 func (c *MeshdV1alpha1Client) Peers() PeerInterface {

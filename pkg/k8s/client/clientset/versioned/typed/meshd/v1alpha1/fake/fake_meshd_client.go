@@ -12,6 +12,10 @@ type FakeMeshdV1alpha1 struct {
 	*testing.Fake
 }
 
+func (c *FakeMeshdV1alpha1) ClusterLinks() v1alpha1.ClusterLinkInterface {
+	return newFakeClusterLinks(c)
+}
+
 func (c *FakeMeshdV1alpha1) Peers() v1alpha1.PeerInterface {
 	return newFakePeers(c)
 }

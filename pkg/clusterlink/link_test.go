@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"encoding/base64"
@@ -143,7 +143,7 @@ func TestRemotePeersGuard(t *testing.T) {
 	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
 	w1.Annotations[convert.AnnotationAllowedLocationIPs] = "203.0.113.0/24,172.16.0.0/12"
 	local := []mesh.Node{{Name: "e1", InternalIPs: []netip.Addr{netip.MustParseAddr("203.0.113.7")}}}
-	guard := mesh.LocalGuard(mesh.Options{}, local, APIServerAddrs(&rest.Config{Host: "https://172.16.5.5:6443"})...)
+	guard := mesh.LocalGuard(mesh.Options{}, local, convert.APIServerAddrs(&rest.Config{Host: "https://172.16.5.5:6443"})...)
 	peers, problems := RemotePeers(ls, []*corev1.Node{w1}, guard)
 	if len(peers) != 1 {
 		t.Fatalf("peers: %v", peers)
@@ -175,7 +175,7 @@ func TestAPIServerAddrs(t *testing.T) {
 		"https://203.0.113.2:6443": "203.0.113.2", "https://[2001:db8::1]:6443": "2001:db8::1",
 		"10.0.0.1:443": "10.0.0.1", "https://api.example.com": "", "": "",
 	} {
-		got := APIServerAddrs(&rest.Config{Host: host})
+		got := convert.APIServerAddrs(&rest.Config{Host: host})
 		if want == "" && len(got) != 0 || want != "" && (len(got) != 1 || got[0].String() != want) {
 			t.Errorf("%q: %v, want %q", host, got, want)
 		}

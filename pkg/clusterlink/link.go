@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"context"
@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -20,7 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -160,7 +157,7 @@ func RemotePeers(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard) 
 }
 
 // RemoteJudge returns the liveness decision of a linked cluster's nodes,
-// given each node's location key (see LocationKeys); nil judges every node
+// given each node's location key (see convert.LocationKeys); nil judges every node
 // live.
 type RemoteJudge func(location map[string]string) liveness.Decision
 
@@ -220,25 +217,6 @@ func CountRefusals(problems []error) map[mesh.RefusalReason]int {
 		}
 	}
 	return out
-}
-
-// APIServerAddrs are the addresses of the API server cfg talks to, when its
-// host is an IP address (a name is not resolved: nothing in the reconcile
-// reads the network).
-func APIServerAddrs(cfg *rest.Config) []netip.Addr {
-	if cfg == nil || cfg.Host == "" {
-		return nil
-	}
-	host := cfg.Host
-	if u, err := url.Parse(host); err == nil && u.Host != "" {
-		host = u.Hostname()
-	} else if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return []netip.Addr{a.Unmap()}
-	}
-	return nil
 }
 
 // GrantLink lets cluster `to` read cluster `from`: it creates (or updates) in

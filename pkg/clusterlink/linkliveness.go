@@ -1,4 +1,4 @@
-package k8s
+package clusterlink
 
 import (
 	"bytes"
@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -19,7 +21,7 @@ import (
 // LinkLiveness judges the nodes of linked clusters the way those clusters'
 // own nodes judge them: for each link it watches the linked cluster's
 // heartbeat Leases (with their probe reports) in the lease namespace and
-// keeps a Liveness for it. A linked cluster's leaders then fail over within
+// keeps a liveness.Liveness for it. A linked cluster's leaders then fail over within
 // the same budget as the local ones, and both clusters agree on them.
 // Sync starts and stops the watches as links come and go; a link whose
 // Leases cannot be read (an older reader role without `leases`, run
@@ -40,10 +42,20 @@ type LinkLiveness struct {
 }
 
 type remoteLeases struct {
-	kc       []byte
-	cancel   context.CancelFunc
-	liveness *liveness.Liveness
-	leases   cache.SharedIndexInformer
+	// reach is what the Lease watch says of the linked API server:
+	// reachUnknown until a Lease event or a failed watch, reachYes after a
+	// Lease event (heartbeats renew every quarter lease duration), reachNo
+	// after a watch failed (not for lack of permission).
+	reach atomic.Int32
+	// lastEvent is when the last Lease event arrived (unix nanoseconds; 0:
+	// none yet). A linked API server that hangs fails no watch for a long
+	// time: silence longer than half the lease duration, while its nodes
+	// renew every quarter, says it as well (CheckSilence).
+	lastEvent atomic.Int64
+	kc        []byte
+	cancel    context.CancelFunc
+	liveness  *liveness.Liveness
+	leases    cache.SharedIndexInformer
 }
 
 // NewLinkLiveness returns a LinkLiveness; onChange is called when a linked
@@ -55,9 +67,7 @@ func NewLinkLiveness(log *slog.Logger, namespace string, timeout, takeover, resy
 
 // Run keeps the watches Sync asks for until ctx ends.
 func (w *LinkLiveness) Run(ctx context.Context) error {
-	w.mu.Lock()
-	w.ctx = ctx
-	w.mu.Unlock()
+	w.bind(ctx)
 	<-ctx.Done()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -67,6 +77,14 @@ func (w *LinkLiveness) Run(ctx context.Context) error {
 	}
 	w.ctx = nil
 	return nil
+}
+
+// bind makes Sync start watches under ctx (Run does it; a caller that must
+// not race Run's start calls it first).
+func (w *LinkLiveness) bind(ctx context.Context) {
+	w.mu.Lock()
+	w.ctx = ctx
+	w.mu.Unlock()
 }
 
 // Sync makes the watches match the linked clusters: one per usable link,
@@ -124,17 +142,79 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	l := liveness.NewLiveness(w.timeout, w.now)
 	l.SetTakeoverDelay(w.takeover)
 	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
+	r := &remoteLeases{kc: kc, liveness: l, leases: inf}
+	if _, err := inf.AddEventHandler(w.leaseHandler(r)); err != nil {
+		return nil, err
+	}
+	// The linked cluster unreachable: freeze, do not declare its nodes dead.
+	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			return // an older reader role without leases: every node live, as before
+		}
+		if l.SetAPIReachable(false) {
+			w.log.Warn("linked cluster's Leases unreachable; its liveness decisions are frozen", "host", cfg.Host, "error", err)
+		}
+		if r.reach.Swap(reachNo) != reachNo {
+			w.onChange()
+		}
+	})
+	ctx, cancel := context.WithCancel(w.ctx)
+	r.cancel = cancel
+	go inf.RunWithContext(ctx)
+	return r, nil
+}
+
+// CheckSilence marks every linked cluster whose Leases have been silent for
+// more than half the lease duration unreachable (and freezes its liveness
+// decisions, as a failed watch does); it reports whether one changed.
+func (w *LinkLiveness) CheckSilence() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	changed := false
+	now := w.now().UnixNano()
+	for name, r := range w.remotes {
+		last := r.lastEvent.Load()
+		if last == 0 || time.Duration(now-last) <= w.timeout/2 || r.reach.Load() == reachNo {
+			continue
+		}
+		r.reach.Store(reachNo)
+		r.liveness.SetAPIReachable(false)
+		w.log.Warn("linked cluster's Leases silent; counting it unreachable, its liveness decisions frozen", "secret", name, "silent_for", time.Duration(now-last).Round(time.Second))
+		changed = true
+	}
+	return changed
+}
+
+const (
+	reachUnknown int32 = iota
+	reachYes
+	reachNo
+)
+
+// leaseHandler observes a linked cluster's heartbeat Leases into r.
+func (w *LinkLiveness) leaseHandler(r *remoteLeases) cache.ResourceEventHandler {
+	l := r.liveness
 	observe := func(o any) {
 		if lease, ok := o.(*coordinationv1.Lease); ok {
 			reach := l.SetAPIReachable(true)
+			r.lastEvent.Store(w.now().UnixNano())
+			reach = r.reach.Swap(reachYes) != reachYes || reach
 			if l.Observe(lease) && l.Changed() || reach {
 				w.onChange()
 			}
 		}
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    observe,
-		UpdateFunc: func(_, o any) { observe(o) },
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: observe,
+		UpdateFunc: func(old, o any) {
+			// A resync replays the same Lease: no sign of life.
+			if a, ok := old.(*coordinationv1.Lease); ok {
+				if b, ok := o.(*coordinationv1.Lease); ok && a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+					return
+				}
+			}
+			observe(o)
+		},
 		DeleteFunc: func(o any) {
 			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = t.Obj
@@ -146,18 +226,27 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 				}
 			}
 		},
-	}); err != nil {
-		return nil, err
 	}
-	// The linked cluster unreachable: freeze, do not declare its nodes dead.
-	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		if l.SetAPIReachable(false) {
-			w.log.Warn("linked cluster's Leases unreachable; its liveness decisions are frozen", "host", cfg.Host, "error", err)
-		}
-	})
-	ctx, cancel := context.WithCancel(w.ctx)
-	go inf.RunWithContext(ctx)
-	return &remoteLeases{kc: kc, cancel: cancel, liveness: l, leases: inf}, nil
+}
+
+// Reachable reports whether the cluster linked by the Secret secretName
+// answers: false once a watch of its Leases failed (for another reason than
+// a missing permission), true once a Lease event arrived; known is false
+// before either happened.
+func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
+	w.mu.Lock()
+	r := w.remotes[secretName]
+	w.mu.Unlock()
+	if r == nil {
+		return false, false
+	}
+	switch r.reach.Load() {
+	case reachYes:
+		return true, true
+	case reachNo:
+		return false, true
+	}
+	return false, false
 }
 
 // Judge returns the RemotePeersLive judge of the cluster linked by the
@@ -173,7 +262,7 @@ func (w *LinkLiveness) Judge(secretName string) RemoteJudge {
 }
 
 // Changed reports whether any linked cluster's decision changed since it
-// was last used (see Liveness.Changed).
+// was last used (see liveness.Liveness.Changed).
 func (w *LinkLiveness) Changed() bool {
 	for _, l := range w.all() {
 		if l.Changed() {
@@ -183,7 +272,7 @@ func (w *LinkLiveness) Changed() bool {
 	return false
 }
 
-// NextChange is the earliest Liveness.NextChange of the linked clusters.
+// NextChange is the earliest liveness.Liveness.NextChange of the linked clusters.
 func (w *LinkLiveness) NextChange() (t time.Time, ok bool) {
 	for _, l := range w.all() {
 		if c, cok := l.NextChange(); cok && (!ok || c.Before(t)) {
