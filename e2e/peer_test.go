@@ -165,6 +165,19 @@ func TestPeer(t *testing.T) {
 		}
 		return nil
 	})
+	// The leader's metrics: client-go's work queue and request series, and
+	// the per-kind handshake summary counting the laptop.
+	if m, err := leader.Metrics(ctx); err != nil {
+		t.Errorf("metrics of %s: %v", leader.Name, err)
+	} else {
+		for _, want := range []string{`workqueue_adds_total{name="meshd"}`, `workqueue_depth{name="meshd_peer_status"}`,
+			"rest_client_request_duration_seconds_bucket{", `meshd_wireguard_peers_handshake_recent{kind="peer"} 1`,
+			"meshd_wireguard_peer_series_omitted 0"} {
+			if !strings.Contains(m, want) {
+				t.Errorf("metrics of %s have no %s", leader.Name, want)
+			}
+		}
+	}
 	// A Peer no leader can use: its preshared-key Secret does not exist.
 	bad := map[string]any{
 		"publicKey":             randomKey(),

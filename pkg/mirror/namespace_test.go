@@ -109,3 +109,19 @@ func TestLeaseNamespacePresentSaysNothing(t *testing.T) {
 		t.Fatalf("err %v, logs %q", err, logs.String())
 	}
 }
+
+// TestLeaseNamespaceOtherErrorsProceed: an answer that is not "namespace
+// not found" (no permission, the API server down) ends the wait at once;
+// leader election reports those itself.
+func TestLeaseNamespaceOtherErrorsProceed(t *testing.T) {
+	kube := fake.NewClientset()
+	kube.PrependReactor("create", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "meshd-mirror", errors.New("no"))
+	})
+	var logs syncBuffer
+	err := waitForLeaseNamespace(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), kube,
+		LeaderElection{Namespace: "meshd-system", Name: "meshd-mirror"}, time.Hour)
+	if err != nil || logs.String() != "" {
+		t.Fatalf("err %v, logs %q", err, logs.String())
+	}
+}
