@@ -100,7 +100,9 @@ func TestMeshctlCheck(t *testing.T) {
 	}
 
 	// All pairs pass.
+	start := time.Now()
 	out, errOut, code := s.meshctlAdmin("check", "-o", "json")
+	t.Logf("meshctl check of 12 pairs (3 echo requests each) took %s", time.Since(start).Round(time.Millisecond))
 	var r checkJSON
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("check -o json: %v\n%s\n%s", err, out, errOut)
@@ -166,7 +168,9 @@ func TestMeshctlCheck(t *testing.T) {
 	t.Logf("meshctl check --from a2 --to b2 with the tunnel cut:\n%s", table)
 
 	// diagnose: one report with everything.
+	start = time.Now()
 	diag, errOut, code := s.meshctlAdmin("diagnose", "a1")
+	t.Logf("meshctl diagnose a1 took %s, %d bytes", time.Since(start).Round(time.Millisecond), len(diag))
 	for _, want := range []string{
 		"Node a1: location a, leader a1, live", "PLAN", "leaders a=a1 b=b1", "WIREGUARD (wg show meshd0", s.pubKey(b1),
 		"ROUTES (meshd's, in the kernel)", b1.PodCIDR.String(), "RULES", "lookup 51820", "IPTABLES", ":MESHD-", "PROBES", "b1 up",

@@ -414,6 +414,12 @@ func analyze(m *model, t checkTarget, pr pingResult, before, after map[string]st
 		ok, d := routeCovers(src.s, t.target)
 		add("route "+t.src, ok, d)
 	}
+	podRoutes := true
+	if src.s != nil && t.srcLeader != "" && t.dst != "" {
+		// Across locations meshd routes the target's pods: without these
+		// routes the node answers but its pods do not.
+		podRoutes = podRoutesHop(m, src.s, t, add)
+	}
 	if t.srcLeader != "" && t.srcLeader != t.src {
 		add(underlayHop(m, after, t.src, t.srcLeader))
 	}
@@ -445,7 +451,7 @@ func analyze(m *model, t checkTarget, pr pingResult, before, after map[string]st
 		}
 		add("echo", pr.p.Received > 0, detail)
 	}
-	p.OK = p.Hops[len(p.Hops)-1].OK
+	p.OK = p.Hops[len(p.Hops)-1].OK && podRoutes
 	if !p.OK {
 		for _, h := range p.Hops {
 			if !h.OK {
@@ -455,6 +461,29 @@ func analyze(m *model, t checkTarget, pr pingResult, before, after map[string]st
 		}
 	}
 	return p
+}
+
+// podRoutesHop adds the hop "pod routes SRC": the source routes every pod
+// CIDR of the target into the mesh.
+func podRoutesHop(m *model, s *nodestate.State, t checkTarget, add func(string, bool, string)) bool {
+	n, ok := m.node(t.dst)
+	if !ok || len(n.PodCIDRs) == 0 {
+		return true
+	}
+	var missing, have []string
+	for _, c := range n.PodCIDRs {
+		if ok, d := routeCovers(s, c.Addr()); ok {
+			have = append(have, c.String())
+		} else {
+			missing = append(missing, d)
+		}
+	}
+	if len(missing) > 0 {
+		add("pod routes "+t.src, false, fmt.Sprintf("pods of %s: %s", t.dst, strings.Join(missing, "; ")))
+		return false
+	}
+	add("pod routes "+t.src, true, "pods of "+t.dst+": "+strings.Join(have, ","))
+	return true
 }
 
 func readyDetail(s *nodestate.State) string {

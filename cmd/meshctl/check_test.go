@@ -29,8 +29,10 @@ import (
 // WireGuard peer, and pings are answered unless the tunnel is broken (then
 // the leaders' devices send and receive nothing back).
 type fakeNodes struct {
-	mu      sync.Mutex
-	broken  bool
+	mu     sync.Mutex
+	broken bool
+	// noPods is a node without routes to the other location's pods.
+	noPods  string
 	tx, rx  int64
 	pinged  []string
 	metrics string
@@ -67,6 +69,9 @@ func (f *fakeNodes) get(_ context.Context, _ *connect.Clients, node string, port
 		Probes:    nodestate.Probes{Port: 51821, Targets: map[string]string{}},
 		WireGuard: nodestate.WireGuard{Interface: "meshd0", Kind: "userspace", PublicKey: "pub"},
 		Plan:      &nodestate.Plan{Location: "eu", Leaders: map[string]string{"eu": "eu-1", "us": "us-1"}},
+	}
+	if node != f.noPods {
+		s.Kernel.Routes = append(s.Kernel.Routes, "10.0.0.0/12 table 51820 dev meshd0 proto 109 metric 0")
 	}
 	peer := map[string]string{"eu-1": pub(3).String(), "us-1": pub(1).String()}[node]
 	if peer != "" {
@@ -106,7 +111,7 @@ func TestCheckPasses(t *testing.T) {
 			for _, h := range p.Hops {
 				names = append(names, h.Name)
 			}
-			if got := strings.Join(names, ","); got != "meshd eu-2,route eu-2,underlay eu-2 -> eu-1,underlay eu-1 -> us-1,wireguard eu-1 => us-1,route back us-1,echo" {
+			if got := strings.Join(names, ","); got != "meshd eu-2,route eu-2,pod routes eu-2,underlay eu-2 -> eu-1,underlay eu-1 -> us-1,wireguard eu-1 => us-1,route back us-1,echo" {
 				t.Errorf("hops %s", got)
 			}
 		}
@@ -290,5 +295,26 @@ func TestCheckUnderlayFromLease(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no underlay hop eu-1 -> us-1: %+v", rep.Pairs[0].Hops)
+	}
+}
+
+// TestCheckPodRoutes: a node that answers but does not route the other
+// location's pods fails its pairs there, naming the pod routes.
+func TestCheckPodRoutes(t *testing.T) {
+	r, rep := checkRun(t, &fakeNodes{noPods: "eu-2"}, "--from", "eu-2")
+	if r.code != 1 || rep.Failed != 2 || rep.Passed != 1 {
+		t.Fatalf("exit %d, %d passed, %d failed\n%s", r.code, rep.Passed, rep.Failed, r.stdout)
+	}
+	for _, p := range rep.Pairs {
+		want := ""
+		if p.Kind == "locations" {
+			want = "pod routes eu-2"
+			if p.To == "us-2" {
+				want = "lease us-2" // its stale Lease is the first hop that fails
+			}
+		}
+		if p.FailedHop != want || p.Received != 3 {
+			t.Errorf("%s -> %s: failed hop %q, want %q (echo answered %d)", p.From, p.To, p.FailedHop, want, p.Received)
+		}
 	}
 }
