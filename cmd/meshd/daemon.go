@@ -10,6 +10,7 @@ import (
 
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -83,104 +84,122 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if mtu == 0 {
 		mtu = facts.wireGuardMTU()
 	}
+	d := &daemon{cfg: c, log: log, kube: clients, reg: prometheus.NewRegistry()}
+	exec, err := d.openExecutors(opts, key, mtu)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.build(opts, facts, exec); err != nil {
+		d.device.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// openExecutors opens the WireGuard interface, netlink and iptables.
+func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (executors, error) {
+	c, log := d.cfg, d.log
 	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
+		return executors{}, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
 	routes, err := route.New(route.Options{Protocol: mesh.DefaultRouteProto, Table: opts.RouteTable, Logger: log})
 	if err != nil {
 		dev.Close()
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return executors{}, fmt.Errorf("opening netlink: %w", err)
 	}
 	ipt4, err4 := iptables.New(iptables.Options{Family: iptables.IPv4, Backend: c.IPTablesMode, Logger: log})
 	ipt6, err6 := iptables.New(iptables.Options{Family: iptables.IPv6, Backend: c.IPTablesMode, Logger: log})
 	if err4 != nil {
 		dev.Close()
-		return nil, fmt.Errorf("setting up iptables: %w", err4)
+		return executors{}, fmt.Errorf("setting up iptables: %w", err4)
 	}
+	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
+	exec := executors{device: dev, routes: routes, ipt4: ipt4, key: key, mtu: mtu}
 	if err6 != nil {
 		log.Warn("IPv6 iptables unavailable; IPv6 rules are skipped", "error", err6)
-		ipt6 = nil
-	}
-	reg := prometheus.NewRegistry()
-	m := newMetrics(reg, dev)
-	registerClientMetrics(m)
-	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
-	if ipt6 != nil {
+	} else {
+		exec.ipt6 = ipt6 // never a nil *Manager in the interface
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
 	}
-	reg.MustRegister(writes)
+	d.reg.MustRegister(writes)
+	d.device, d.routes = dev, routes
+	return exec, nil
+}
+
+// build makes the work queue, the informers and the reconciler (once all its
+// parts exist: newReconciler).
+func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) error {
+	c, log := d.cfg, d.log
+	m := newMetrics(d.reg, d.device)
+	registerClientMetrics(m)
 	// Writes from the reconcile (node annotations, Events) get a request
 	// timeout, so a hung API server cannot stall the single worker; the
 	// informers' long-running watches keep the untimed client.
-	writeCfg := rest.CopyConfig(clients.Config)
+	writeCfg := rest.CopyConfig(d.kube.Config)
 	writeCfg.Timeout = apiRequestTimeout
 	writer, err := kubernetes.NewForConfig(writeCfg)
 	if err != nil {
-		dev.Close()
-		return nil, fmt.Errorf("building the API client: %w", err)
+		return fmt.Errorf("building the API client: %w", err)
 	}
 	events, stopEvents := connect.NewEventRecorder(writer, "meshd")
-	r := &reconciler{
-		log:      log,
-		opts:     opts,
-		node:     c.Hostname,
-		port:     c.Port,
-		topology: c.TopologyLabel,
-		key:      key,
-		mtu:      mtu,
-		facts:    facts,
-		kube:     writer,
-		events:   events,
-		liveness: liveness.NewLiveness(c.LeaseDuration, time.Now),
-		stateDir: c.StateDir,
-		freeze:   newLiveFreeze(log, c.LeaseDuration, time.Now()),
-		device:   dev,
-		routes:   routes,
-		ipt4:     ipt4,
-		metrics:  m,
-	}
-	r.apiServers = k8s.APIServerAddrs(clients.Config)
-	if ipt6 != nil {
-		r.ipt6 = ipt6
-	}
-	d := &daemon{
-		cfg: c, log: log, rec: r, reg: reg, kube: clients,
-		routes: routes, device: dev, stopEvents: stopEvents,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"}),
-	}
+	d.stopEvents = stopEvents
+	d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd"})
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: convert.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
-	// Lean caches (cache.go): only what meshd reads is kept.
+	src, err := d.newSources()
+	if err != nil {
+		return err
+	}
+	if err := d.setupFailover(opts.RulePriority); err != nil {
+		return err
+	}
+	p := reconcilerParts{
+		log: log, opts: opts, node: c.Hostname, port: c.Port, topology: c.TopologyLabel, facts: facts,
+		sources: src, executors: exec, events: events, kube: writer, metrics: m, stateDir: c.StateDir,
+	}
+	if d.prober != nil {
+		p.prober, p.probePort = d.prober, c.ProbePort
+	}
+	d.rec = newReconciler(p)
+	return nil
+}
+
+// newSources starts nothing: it makes the informers (lean caches, cache.go),
+// the DNS cache and the link watchers a reconcile reads from.
+func (d *daemon) newSources() (sources, error) {
+	c, clients, log := d.cfg, d.kube, d.log
 	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
 	d.peers = connect.NewPeerInformer(clients, c.ResyncPeriod)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
-		return nil, err
+		return sources{}, err
 	}
-	r.nodeLister = d.nodes.GetStore()
-	r.peerLister = d.peers.GetStore()
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
 	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, c.ResyncPeriod, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
-	r.secrets = secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
 	d.dns = dnscache.NewResolver(dnscache.ResolverOptions{OnChange: d.enqueue, Logger: log})
-	r.dns = d.dns.Lookup
-	if err := d.setupFailover(); err != nil {
-		dev.Close()
-		return nil, err
+	src := sources{
+		nodeLister: d.nodes.GetStore(),
+		peerLister: d.peers.GetStore(),
+		secrets:    secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup,
+		dns:        d.dns.Lookup,
+		liveness:   liveness.NewLiveness(c.LeaseDuration, time.Now),
+		freeze:     newLiveFreeze(log, c.LeaseDuration, time.Now()),
+		apiServers: k8s.APIServerAddrs(clients.Config),
 	}
+	src.liveness.SetTakeoverDelay(c.TakeoverDelay)
 	if c.ClusterLinks {
 		d.links = k8s.NewLinkWatcher(log, clients.Kube, c.LeaseNamespace, c.ResyncPeriod, d.enqueue)
-		r.links = d.links
-		r.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
+		src.links = d.links
+		src.linkLive = k8s.NewLinkLiveness(log, c.LeaseNamespace, c.LeaseDuration, c.TakeoverDelay, c.ResyncPeriod, d.enqueue)
 	}
-	return d, nil
+	return src, nil
 }
 
 // enqueue asks for a reconcile soon; repeated calls coalesce.
