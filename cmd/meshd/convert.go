@@ -38,6 +38,8 @@ func wireGuardConfig(p *mesh.Plan, key wgtypes.Key, mtu int) wg.Config {
 	return c
 }
 
+// routes is not a plain conversion: a route's type is a name in the plan and
+// a kernel number in pkg/route.
 func routes(p *mesh.Plan) []route.Route {
 	out := make([]route.Route, len(p.Routes))
 	for i, r := range p.Routes {
@@ -56,10 +58,13 @@ func routeType(t mesh.RouteType) route.Type {
 	return route.Type(-1) // unknown: route.Set refuses it
 }
 
+// rules, like the iptables chains and jumps below, converts between types
+// of the same layout: a plain conversion, so a field added to one side only
+// fails the build instead of being dropped here.
 func rules(p *mesh.Plan) []route.Rule {
 	out := make([]route.Rule, len(p.Rules))
 	for i, r := range p.Rules {
-		out[i] = route.Rule{Priority: r.Priority, Table: r.Table, IPv6: r.IPv6}
+		out[i] = route.Rule(r)
 	}
 	return out
 }
@@ -70,10 +75,10 @@ func iptablesConfig(f mesh.IPTablesFamily) iptables.Config {
 		Jumps:  make([]iptables.Jump, len(f.Jumps)),
 	}
 	for i, ch := range f.Chains {
-		c.Chains[i] = iptables.Chain{Table: ch.Table, Name: ch.Name, Rules: ch.Rules}
+		c.Chains[i] = iptables.Chain(ch)
 	}
 	for i, j := range f.Jumps {
-		c.Jumps[i] = iptables.Jump{Table: j.Table, From: j.From, To: j.To, Insert: j.Insert}
+		c.Jumps[i] = iptables.Jump(j)
 	}
 	return c
 }

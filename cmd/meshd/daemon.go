@@ -11,6 +11,7 @@ import (
 
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -70,6 +71,7 @@ type daemon struct {
 	filter       nodeFilter
 	peerStatus   *convert.PeerStatusWriter
 	pingMu       sync.Mutex // one debug ping at a time (debug.go)
+	nextKey      wgtypes.Key
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -95,79 +97,101 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if mtu == 0 {
 		mtu = facts.wireGuardMTU()
 	}
+	d := &daemon{cfg: c, log: log, kube: clients, reg: prometheus.NewRegistry(), nextKey: nextKey}
+	exec, err := d.openExecutors(opts, key, mtu)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.build(opts, facts, exec); err != nil {
+		d.device.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// openExecutors opens the WireGuard interface, netlink and iptables.
+func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (executors, error) {
+	c, log := d.cfg, d.log
 	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
+		return executors{}, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
 	routes, err := route.New(route.Options{Protocol: mesh.DefaultRouteProto, Table: opts.RouteTable, Logger: log})
 	if err != nil {
 		dev.Close()
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return executors{}, fmt.Errorf("opening netlink: %w", err)
 	}
 	ipt4, err4 := iptables.New(iptables.Options{Family: iptables.IPv4, Backend: c.IPTablesMode, Logger: log})
 	ipt6, err6 := iptables.New(iptables.Options{Family: iptables.IPv6, Backend: c.IPTablesMode, Logger: log})
 	if err4 != nil {
 		dev.Close()
-		return nil, fmt.Errorf("setting up iptables: %w", err4)
+		return executors{}, fmt.Errorf("setting up iptables: %w", err4)
 	}
+	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
+	exec := executors{device: dev, routes: routes, ipt4: ipt4, key: key, mtu: mtu}
 	if err6 != nil {
 		log.Warn("IPv6 iptables unavailable; IPv6 rules are skipped", "error", err6)
-		ipt6 = nil
-	}
-	reg := prometheus.NewRegistry()
-	m := newMetrics(reg, dev)
-	m.setPeerSeriesLimit(c.PeerMetricsLimit)
-	clientGo := registerClientMetrics(reg, m)
-	writes := executorWrites{"wireguard": dev.Writes, "routes": routes.Writes, "iptables": ipt4.Restores}
-	if ipt6 != nil {
+	} else {
+		exec.ipt6 = ipt6 // never a nil *Manager in the interface
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
 	}
-	reg.MustRegister(writes)
+	d.reg.MustRegister(writes)
+	d.device, d.routes = dev, routes
+	return exec, nil
+}
+
+// build makes the work queue, the informers and the reconciler (once all its
+// parts exist: newReconciler).
+func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) error {
+	c, log := d.cfg, d.log
+	m := newMetrics(d.reg, d.device)
+	m.setPeerSeriesLimit(c.PeerMetricsLimit)
+	clientGo := registerClientMetrics(d.reg, m)
 	// Writes from the reconcile (node annotations, Events) get a request
 	// timeout, so a hung API server cannot stall the single worker; the
 	// informers' long-running watches keep the untimed client.
-	writeCfg := rest.CopyConfig(clients.Config)
+	writeCfg := rest.CopyConfig(d.kube.Config)
 	writeCfg.Timeout = apiRequestTimeout
 	writer, err := kubernetes.NewForConfig(writeCfg)
 	if err != nil {
-		dev.Close()
-		return nil, fmt.Errorf("building the API client: %w", err)
+		return fmt.Errorf("building the API client: %w", err)
 	}
 	events, stopEvents := connect.NewEventRecorder(writer, "meshd")
-	r := &reconciler{
-		log:      log,
-		opts:     opts,
-		node:     c.Hostname,
-		port:     c.Port,
-		topology: c.TopologyLabel,
-		key:      key,
-		nextKey:  nextKey,
-		mtu:      mtu,
-		facts:    facts,
-		kube:     writer,
-		events:   events,
-		liveness: liveness.NewLiveness(c.LeaseDuration, time.Now),
-		stateDir: c.StateDir,
-		freeze:   newLiveFreeze(log, c.LeaseDuration, time.Now()),
-		device:   dev,
-		routes:   routes,
-		ipt4:     ipt4,
-		metrics:  m,
-		settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
-	}
-	r.apiServers = convert.APIServerAddrs(clients.Config)
-	if ipt6 != nil {
-		r.ipt6 = ipt6
-	}
-	d := &daemon{
-		cfg: c, log: log, rec: r, reg: reg, kube: clients,
-		routes: routes, device: dev, stopEvents: stopEvents,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd", MetricsProvider: clientGo}),
-	}
+	d.stopEvents = stopEvents
+	d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "meshd", MetricsProvider: clientGo})
 	d.coalesce = newCoalescer(clock.RealClock{}, coalesceDelay, coalesceInterval, coalesceBurst, func() { d.queue.Add(queueKey) })
 	d.filter = nodeFilter{self: c.Hostname, parse: convert.ParseOptions{TopologyLabel: c.TopologyLabel, Port: c.Port}}
+	src, err := d.newSources()
+	if err != nil {
+		return err
+	}
+	// Report: Peer status, written in the background (peerstatus.go).
+	peerWriter, err := versioned.NewForConfig(writeCfg)
+	if err != nil {
+		return fmt.Errorf("building the API client: %w", err)
+	}
+	d.peerStatus = convert.NewPeerStatusWriter(convert.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Metrics: clientGo, Logger: log})
+	if err := d.setupFailover(opts.RulePriority); err != nil {
+		return err
+	}
+	p := reconcilerParts{
+		log: log, opts: opts, node: c.Hostname, port: c.Port, topology: c.TopologyLabel, facts: facts,
+		sources: src, executors: exec, events: events, kube: writer, metrics: m, stateDir: c.StateDir,
+		nextKey: d.nextKey, peerStatus: d.peerStatus, settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
+	}
+	if d.prober != nil {
+		p.prober, p.probePort = d.prober, c.ProbePort
+	}
+	d.rec = newReconciler(p)
+	return nil
+}
+
+// newSources starts nothing: it makes the informers (lean caches, cache.go),
+// the DNS cache and the link watchers a reconcile reads from.
+func (d *daemon) newSources() (sources, error) {
+	c, clients, log := d.cfg, d.kube, d.log
 	// Lean caches (cache.go): only what meshd reads is kept. No informer
 	// resync (period 0): a resync replays every cached object to the
 	// handlers, which at 1,000 nodes means re-parsing 1,000 Nodes and
@@ -180,41 +204,35 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
 	d.peers = connect.NewPeerInformer(clients, noInformerResync)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
-		return nil, err
+		return sources{}, err
 	}
-	r.nodeLister = d.nodes.GetStore()
-	r.peerLister = d.peers.GetStore()
-	// Report: Peer status, written in the background (peerstatus.go).
-	peerWriter, err := versioned.NewForConfig(writeCfg)
-	if err != nil {
-		dev.Close()
-		return nil, fmt.Errorf("building the API client: %w", err)
-	}
-	d.peerStatus = convert.NewPeerStatusWriter(convert.PeerStatusOptions{Peers: peerWriter.MeshdV1alpha1(), Store: d.peers.GetStore(), Timeout: apiRequestTimeout, Metrics: clientGo, Logger: log})
-	r.peerStatus = d.peerStatus
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
 	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
-	r.secrets = secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup
 	d.dns = dnscache.NewResolver(dnscache.ResolverOptions{OnChange: d.enqueue, Logger: log})
-	r.dns = d.dns.Lookup
-	if err := d.setupFailover(); err != nil {
-		dev.Close()
-		return nil, err
+	src := sources{
+		nodeLister: d.nodes.GetStore(),
+		peerLister: d.peers.GetStore(),
+		secrets:    secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup,
+		dns:        d.dns.Lookup,
+		liveness:   liveness.NewLiveness(c.LeaseDuration, time.Now),
+		freeze:     newLiveFreeze(log, c.LeaseDuration, time.Now()),
+		apiServers: convert.APIServerAddrs(clients.Config),
 	}
+	src.liveness.SetTakeoverDelay(c.TakeoverDelay)
 	if c.ClusterLinks {
 		d.clusterLinks = meshdinformers.NewClusterLinkInformer(clients.Meshd, c.ResyncPeriod, cache.Indexers{})
 		if err := setTransform(d.clusterLinks, dropManagedFields); err != nil {
-			return nil, err
+			return sources{}, err
 		}
-		r.links = clusterlink.Source{Store: d.clusterLinks.GetStore(), Synced: d.clusterLinks.HasSynced}
+		src.links = clusterlink.Source{Store: d.clusterLinks.GetStore(), Synced: d.clusterLinks.HasSynced}
 	}
-	return d, nil
+	return src, nil
 }
 
 // noInformerResync turns off the informers' own periodic replay of their
-// caches (see newDaemon); the resync ticker covers drift.
+// caches (see newSources); the resync ticker covers drift.
 const noInformerResync time.Duration = 0
 
 // enqueue asks for a reconcile soon; repeated calls coalesce.

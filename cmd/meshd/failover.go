@@ -134,10 +134,9 @@ func (f *forwardingHealth) Healthy() bool {
 	return f.ok
 }
 
-// setupFailover creates the prober (unless --probe-port is 0) and sets the
-// takeover delay.
-func (d *daemon) setupFailover() error {
-	d.rec.liveness.SetTakeoverDelay(d.cfg.TakeoverDelay)
+// setupFailover creates the prober (unless --probe-port is 0); its policy
+// rule goes just before meshd's (rulePriority).
+func (d *daemon) setupFailover(rulePriority int) error {
 	if d.cfg.ProbePort == 0 {
 		return nil
 	}
@@ -146,7 +145,7 @@ func (d *daemon) setupFailover() error {
 	p, err := probe.New(probe.Options{
 		Port: d.cfg.ProbePort,
 		// Probes skip meshd's table: they test the underlay path.
-		Mark: probe.DefaultMark, RulePriority: d.rec.opts.RulePriority - 1,
+		Mark: probe.DefaultMark, RulePriority: rulePriority - 1,
 		Healthy: health.Healthy,
 		OnChange: func() {
 			select {
@@ -160,7 +159,6 @@ func (d *daemon) setupFailover() error {
 		return fmt.Errorf("--probe-port: %w", err)
 	}
 	d.prober = p
-	d.rec.prober, d.rec.probePort = p, d.cfg.ProbePort
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net/netip"
 	"runtime/debug"
@@ -18,13 +17,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
 
 	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/iptables"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/convert"
-	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 	"meshd.io/meshd/pkg/route"
@@ -60,51 +57,28 @@ type (
 // published for NAT traversal.
 const discoveredFresh = convert.DiscoveredFresh
 
-// reconciler runs one pass of snapshot → plan → apply → report.
+// reconciler runs one pass of the stages (stages.go): snapshot → inputs →
+// mesh.Build → executors → report. newReconciler builds it.
 type reconciler struct {
-	log      *slog.Logger
 	opts     mesh.Options
 	node     string
 	port     int
 	topology string
-	key      wgtypes.Key
-	mtu      int
 	facts    localFacts
 
-	kube     kubernetes.Interface
-	events   record.EventRecorder
-	liveness *liveness.Liveness
+	sources   // where the inputs come from: local caches only
+	executors // what applies a plan
+	reporter  // bad input and plan warnings, to users (its log is r.log)
+
+	kube kubernetes.Interface // publishes this node's annotations
 	// prober, when set, gets the probe targets of every plan (failover.go).
 	prober    probeSetter
 	probePort int
-
-	nodeLister, peerLister lister
-	links                  linkSource
-	apiServers             []netip.Addr // no linked cluster's range may cover them
-
-	device     wgDevice
-	routes     routeSetter
-	ipt4, ipt6 iptablesSetter
-	metrics    *metrics
+	metrics   *metrics
 
 	mu          sync.Mutex
 	lastAttempt time.Time
 	ready       atomic.Bool
-	// reported remembers the last annotation problems reported per object, so
-	// a bad annotation yields one Event, not one per resync.
-	reported map[string]string
-	// planWarnings are the warnings of the last plan, so each is logged and
-	// raised as an Event once, not on every reconcile.
-	planWarnings map[string]bool
-	// secrets reads Peer preshared keys from the Secret informer's cache
-	// (secrets.PresharedKeys: a vanished Secret keeps the last known key); dns
-	// answers Peer endpoint names from the background resolver's cache.
-	// Nil: Peers with a preshared key are unusable, names resolve live.
-	secrets convert.SecretLookup
-	dns     func(host string) (netip.Addr, error)
-
-	// freeze keeps liveness decisions while the API is unreachable (nil: off).
-	freeze *liveFreeze
 
 	// stateDir holds the last applied state (state.go); "" persists nothing.
 	stateDir   string
@@ -206,39 +180,32 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	// A key rotation's switch starts before the plan (rotate.go).
 	sw, rotErr := r.rotationBefore(s.self(r.node))
 	defer func() { r.rotationUnfinished(sw, err) }()
-	nodes, peers, self, err := r.meshInput(ctx, s)
+	// Inputs: the snapshot converted into the planner's inputs.
+	in, err := r.inputs(ctx, s)
 	if err != nil {
 		r.metrics.fail("snapshot")
 		return err
 	}
-	objects, remote := peers, r.remotePeers(nodes)
-	peers = append(slices.Clip(peers), remote...)
-	known := knownKeys(nodes, peers)
-	live := r.liveness.Decide(convert.LocationKeys(nodes, r.opts.Granularity))
-	if r.freeze != nil {
-		// The API server unreachable from here: keep the last live set
-		// (freeze.go); the Lease ages are frozen too (liveness.Liveness).
-		live.Live = r.freeze.live(live.Live, time.Now())
-	}
-	plan, err := mesh.Build(nodes, peers, mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}, r.opts)
+	// Plan: a pure function of the inputs.
+	plan, err := mesh.Build(in.nodes, in.peers(), in.local, r.opts)
 	if err != nil {
 		r.metrics.fail("plan")
 		return fmt.Errorf("planning: %w", err)
 	}
 	if r.prober != nil {
-		r.prober.SetTargets(probeTargets(nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
+		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
 	}
-	r.reportWarnings(self, plan.Warnings)
+	r.reportWarnings(in.self, plan.Warnings)
 
 	// Apply: every part is attempted even if another fails.
-	errs := r.execute(plan)
+	errs := r.executors.apply(plan, r.metrics)
 	sw, errs = r.rotationExecuted(sw, errs, rotErr)
 	// The node is programmed: persist it for a restart during an API outage.
 	if len(errs) == 0 {
 		r.saveState(plan)
 	}
 	// Report: publish what other nodes need.
-	perr := r.publish(ctx, self, plan, sw, known)
+	perr := r.publish(ctx, in.self, plan, sw, knownKeys(in.nodes, in.peers()))
 	if perr != nil {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", perr))
@@ -246,8 +213,8 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	if err := r.rotationPublished(plan, sw, perr); err != nil {
 		errs = append(errs, err)
 	}
-	r.metrics.setPlan(plan, r.opts.Granularity, len(nodes), objects, remote)
-	r.reportPeers(s.peers, objects, plan)
+	r.metrics.setPlan(plan, r.opts.Granularity, len(in.nodes), in.objects, in.remote)
+	r.reportPeers(s.peers, in.objects, plan)
 	r.debug.set(plan, errs)
 	// Ready: programmed from fresh data, everything applied and reported.
 	r.ready.Store(len(errs) == 0)
@@ -257,25 +224,44 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	return errors.Join(errs...)
 }
 
-// execute hands the plan to every executor (WireGuard, routes, iptables);
+// inputs converts a snapshot into the planner's inputs: the Node and Peer
+// objects (reporting each object's problems), the linked clusters' peers
+// and the liveness decision.
+func (r *reconciler) inputs(ctx context.Context, s snapshot) (inputs, error) {
+	nodes, peers, self, err := r.meshInput(ctx, s)
+	if err != nil {
+		return inputs{}, err
+	}
+	in := inputs{self: self, nodes: nodes, objects: peers, remote: r.remotePeers(nodes)}
+	live := r.liveness.Decide(convert.LocationKeys(nodes, r.opts.Granularity))
+	if r.freeze != nil {
+		// The API server unreachable from here: keep the last live set
+		// (freeze.go); the Lease ages are frozen too (liveness.Liveness).
+		live.Live = r.freeze.live(live.Live, time.Now())
+	}
+	in.local = mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}
+	return in, nil
+}
+
+// apply hands the plan to every executor (WireGuard, routes, iptables);
 // each one is attempted even if another fails.
-func (r *reconciler) execute(plan *mesh.Plan) []error {
+func (e *executors) apply(plan *mesh.Plan, m *metrics) []error {
 	var errs []error
-	if err := r.device.Set(wireGuardConfig(plan, r.key, r.mtu)); err != nil {
-		r.metrics.fail("wireguard")
+	if err := e.device.Set(wireGuardConfig(plan, e.key, e.mtu)); err != nil {
+		m.fail("wireguard")
 		errs = append(errs, fmt.Errorf("%w: %w", errConfigureWireGuard, err))
 	}
-	if err := r.routes.Set(routes(plan), rules(plan)); err != nil {
-		r.metrics.fail("routes")
+	if err := e.routes.Set(routes(plan), rules(plan)); err != nil {
+		m.fail("routes")
 		errs = append(errs, fmt.Errorf("setting routes: %w", err))
 	}
-	if err := r.ipt4.Set(iptablesConfig(plan.IPTables.V4)); err != nil {
-		r.metrics.fail("iptables")
+	if err := e.ipt4.Set(iptablesConfig(plan.IPTables.V4)); err != nil {
+		m.fail("iptables")
 		errs = append(errs, fmt.Errorf("setting IPv4 iptables: %w", err))
 	}
-	if r.ipt6 != nil {
-		if err := r.ipt6.Set(iptablesConfig(plan.IPTables.V6)); err != nil {
-			r.metrics.fail("iptables")
+	if e.ipt6 != nil {
+		if err := e.ipt6.Set(iptablesConfig(plan.IPTables.V6)); err != nil {
+			m.fail("iptables")
 			errs = append(errs, fmt.Errorf("setting IPv6 iptables: %w", err))
 		}
 	}
@@ -421,7 +407,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 
 // report logs and records an Event for an object's problems when they
 // differ from the last report.
-func (r *reconciler) report(obj runtimeObject, id, reason string, problems []error) {
+func (r *reporter) report(obj runtimeObject, id, reason string, problems []error) {
 	if r.reported == nil {
 		r.reported = map[string]string{}
 	}
@@ -446,7 +432,7 @@ func (r *reconciler) report(obj runtimeObject, id, reason string, problems []err
 // reportWarnings logs the plan's warnings that the previous plan did not
 // have and raises each as a Warning Event on the node (reason PlanWarning);
 // warnings gone are logged once as resolved. An unchanged set says nothing.
-func (r *reconciler) reportWarnings(self *corev1.Node, warnings []string) {
+func (r *reporter) reportWarnings(self *corev1.Node, warnings []string) {
 	cur := make(map[string]bool, len(warnings))
 	for _, w := range warnings {
 		if cur[w] {
@@ -469,7 +455,7 @@ func (r *reconciler) reportWarnings(self *corev1.Node, warnings []string) {
 	r.planWarnings = cur
 }
 
-func (r *reconciler) forgetReports(prefix string, seen map[string]bool) {
+func (r *reporter) forgetReports(prefix string, seen map[string]bool) {
 	for id := range r.reported {
 		if strings.HasPrefix(id, prefix) && !seen[id] {
 			delete(r.reported, id)
@@ -568,10 +554,10 @@ func discovered(stats []wg.PeerStats, now time.Time) map[wgtypes.Key]netip.AddrP
 }
 
 // cleanup removes routes, rules and chains (the device is the caller's).
-func (r *reconciler) cleanup() error {
-	errs := []error{r.routes.Cleanup(), r.ipt4.Cleanup()}
-	if r.ipt6 != nil {
-		errs = append(errs, r.ipt6.Cleanup())
+func (e *executors) cleanup() error {
+	errs := []error{e.routes.Cleanup(), e.ipt4.Cleanup()}
+	if e.ipt6 != nil {
+		errs = append(errs, e.ipt6.Cleanup())
 	}
 	return errors.Join(errs...)
 }

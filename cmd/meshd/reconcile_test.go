@@ -84,14 +84,16 @@ func newFakes(t *testing.T, self string, nodes ...*corev1.Node) *fakes {
 		Granularity: mesh.GranularityLocation, MeshCIDRs: []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")},
 		Port: 51820, Interface: "meshd0", LocalRoutes: true, RouteTable: mesh.DefaultRouteTable, RulePriority: mesh.DefaultRulePriority,
 	}
-	f.rec = &reconciler{
+	f.rec = newReconciler(reconcilerParts{
 		log: log, opts: opts, node: self, port: 51820, topology: "topology.kubernetes.io/region",
-		key: newKey(t), mtu: 1420, kube: f.kube, events: record.NewFakeRecorder(100),
-		liveness: liveness.NewLiveness(time.Minute, time.Now),
-		device:   f.dev, routes: f.routes, ipt4: f.ipt4,
-		metrics:    newMetrics(prometheus.NewRegistry(), nil),
-		nodeLister: sliceLister(objs), peerLister: sliceLister(nil),
-	}
+		sources: sources{
+			nodeLister: sliceLister(objs), peerLister: sliceLister(nil),
+			liveness: liveness.NewLiveness(time.Minute, time.Now),
+		},
+		executors: executors{device: f.dev, routes: f.routes, ipt4: f.ipt4, key: newKey(t), mtu: 1420},
+		kube:      f.kube, events: record.NewFakeRecorder(100),
+		metrics: newMetrics(prometheus.NewRegistry(), nil),
+	})
 	return f
 }
 

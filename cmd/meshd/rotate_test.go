@@ -195,12 +195,15 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 // restarted is f's reconciler as a new process builds it.
 func restarted(f *fakes, key, next wgtypes.Key) *reconciler {
 	o := f.rec
-	return &reconciler{
+	src := o.sources
+	src.freeze = nil
+	ex := o.executors
+	ex.key = key
+	return newReconciler(reconcilerParts{
 		log: o.log, opts: o.opts, node: o.node, port: o.port, topology: o.topology,
-		key: key, nextKey: next, mtu: o.mtu, kube: o.kube, events: o.events, liveness: o.liveness,
-		device: o.device, routes: o.routes, ipt4: o.ipt4, metrics: o.metrics,
-		nodeLister: o.nodeLister, peerLister: o.peerLister, stateDir: o.stateDir,
-	}
+		sources: src, executors: ex, events: o.events, kube: o.kube, metrics: o.metrics,
+		stateDir: o.stateDir, nextKey: next,
+	})
 }
 
 // TestKeyRotationPublishFailureKeepsOldKey: when the switch cannot be

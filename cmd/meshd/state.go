@@ -151,7 +151,7 @@ func (r *reconciler) restore() (ok bool) {
 		r.linkPeers = s.Links
 	}
 	plan := s.Plan
-	errs := r.execute(plan) // the same executors, the same order as a reconcile
+	errs := r.executors.apply(plan, r.metrics) // the same executors, the same order as a reconcile
 	r.restoredAt.Store(&s.Saved)
 	r.log.Info("applied the last persisted state while the caches sync", "saved", s.Saved, "duration", time.Since(start), "since_process_start", time.Since(processStart),
 		"peers", len(plan.WireGuard.Peers), "routes", len(plan.Routes), "error", errors.Join(errs...))

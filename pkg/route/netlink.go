@@ -230,32 +230,82 @@ func (k *netlinkKernel) LinkIndex(name string) (int, error) {
 // for rules (netlink v1.3.1 has no RuleSubscribe). If either dies, both are
 // closed and the merged channel is closed.
 func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
-	stop := make(chan struct{})
-	var once sync.Once
-	shutdown := func() { once.Do(func() { close(stop) }) }
-	out := make(chan Event, 64)
-	send := func(ev Event) {
-		select {
-		case out <- ev:
-		case <-stop:
-		}
+	sub := &subscription{stop: make(chan struct{}), out: make(chan Event, 64)}
+	routes, err := k.subscribeRoutes(sub)
+	if err != nil {
+		sub.shutdown()
+		return nil, err
 	}
+	rules, err := k.subscribeRules()
+	if err != nil {
+		sub.shutdown()
+		for range routes {
+		}
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		sub.pumpRoutes(routes)
+	}()
+	go func() {
+		defer wg.Done()
+		sub.pumpRules(rules)
+	}()
+	go func() {
+		select {
+		case <-done:
+			sub.shutdown()
+		case <-sub.stop:
+		}
+		rules.Close()
+	}()
+	go func() {
+		wg.Wait()
+		close(sub.out)
+	}()
+	return sub.out, nil
+}
 
+// subscription is one merged route and rule subscription: out carries its
+// events until stop is closed.
+type subscription struct {
+	stop chan struct{}
+	once sync.Once
+	out  chan Event
+}
+
+func (s *subscription) shutdown() { s.once.Do(func() { close(s.stop) }) }
+
+func (s *subscription) send(ev Event) {
+	select {
+	case s.out <- ev:
+	case <-s.stop:
+	}
+}
+
+// subscribeRoutes subscribes to route notifications, closed with s.stop.
+func (k *netlinkKernel) subscribeRoutes(s *subscription) (chan netlink.RouteUpdate, error) {
 	routes := make(chan netlink.RouteUpdate, 256)
 	var nsOpt *netns.NsHandle // nil: this namespace, without entering it
 	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
 		nsOpt = &ns
 	}
-	err := netlink.RouteSubscribeWithOptions(routes, stop, netlink.RouteSubscribeOptions{
+	err := netlink.RouteSubscribeWithOptions(routes, s.stop, netlink.RouteSubscribeOptions{
 		Namespace:              nsOpt,
 		ReceiveBufferSize:      k.rcvBuf,
 		ReceiveBufferForceSize: k.rcvBufForce,
-		ErrorCallback:          func(err error) { send(Event{Err: fmt.Errorf("route notifications: %w", err)}) },
+		ErrorCallback:          func(err error) { s.send(Event{Err: fmt.Errorf("route notifications: %w", err)}) },
 	})
 	if err != nil {
-		shutdown()
 		return nil, fmt.Errorf("subscribe to route notifications: %w", err)
 	}
+	return routes, nil
+}
+
+// subscribeRules opens a raw rtnetlink socket on the rule groups.
+func (k *netlinkKernel) subscribeRules() (*nl.NetlinkSocket, error) {
 	rules, err := nl.SubscribeAt(unlessCurrentNS(k.ns), netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_RULE, unix.RTNLGRP_IPV6_RULE)
 	if err == nil && k.rcvBuf != 0 {
 		if err = rules.SetReceiveBufferSize(k.rcvBuf, k.rcvBufForce); err != nil {
@@ -263,62 +313,46 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 		}
 	}
 	if err != nil {
-		shutdown()
-		for range routes {
-		}
 		return nil, fmt.Errorf("subscribe to rule notifications: %w", err)
 	}
+	return rules, nil
+}
 
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		defer shutdown()
-		for u := range routes {
-			if u.Type != unix.RTM_NEWROUTE && u.Type != unix.RTM_DELROUTE {
+// pumpRoutes forwards route notifications until the subscription ends.
+func (s *subscription) pumpRoutes(routes <-chan netlink.RouteUpdate) {
+	defer s.shutdown()
+	for u := range routes {
+		if u.Type != unix.RTM_NEWROUTE && u.Type != unix.RTM_DELROUTE {
+			continue
+		}
+		if r, ok := fromNetlinkRoute(&u.Route); ok {
+			s.send(Event{Route: &r, Deleted: u.Type == unix.RTM_DELROUTE})
+		}
+	}
+}
+
+// pumpRules forwards rule notifications until the socket fails or closes.
+func (s *subscription) pumpRules(rules *nl.NetlinkSocket) {
+	defer s.shutdown()
+	for {
+		msgs, _, err := rules.Receive()
+		if err != nil {
+			select {
+			case <-s.stop:
+			default:
+				s.send(Event{Err: fmt.Errorf("rule notifications: %w", err)})
+			}
+			return
+		}
+		for _, msg := range msgs {
+			if msg.Header.Type != unix.RTM_NEWRULE && msg.Header.Type != unix.RTM_DELRULE {
 				continue
 			}
-			if r, ok := fromNetlinkRoute(&u.Route); ok {
-				send(Event{Route: &r, Deleted: u.Type == unix.RTM_DELROUTE})
+			if r, ok := parseRuleMsg(msg.Data); ok {
+				s.send(Event{Rule: &r, Deleted: msg.Header.Type == unix.RTM_DELRULE})
 			}
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		defer shutdown()
-		for {
-			msgs, _, err := rules.Receive()
-			if err != nil {
-				select {
-				case <-stop:
-				default:
-					send(Event{Err: fmt.Errorf("rule notifications: %w", err)})
-				}
-				return
-			}
-			for _, msg := range msgs {
-				if msg.Header.Type != unix.RTM_NEWRULE && msg.Header.Type != unix.RTM_DELRULE {
-					continue
-				}
-				if r, ok := parseRuleMsg(msg.Data); ok {
-					send(Event{Rule: &r, Deleted: msg.Header.Type == unix.RTM_DELRULE})
-				}
-			}
-		}
-	}()
-	go func() {
-		select {
-		case <-done:
-			shutdown()
-		case <-stop:
-		}
-		rules.Close()
-	}()
-	go func() {
-		wg.Wait()
-		close(out)
-	}()
-	return out, nil
+	}
 }
 
 // parseRuleMsg decodes a plain rule from an RTM_NEWRULE/RTM_DELRULE payload

@@ -300,45 +300,12 @@ func sortedRoutes(set map[KernelRoute]bool, keep func(KernelRoute) bool) []Kerne
 
 func (m *Manager) syncRoutes() []error {
 	want, errs := m.desiredRouteKeys()
-
-	// What is ours in the kernel now.
-	have := map[KernelRoute]bool{}
-	tables := make([]int, 0, len(m.tables))
-	for t := range m.tables {
-		tables = append(tables, t)
+	have, err := m.ownedRoutes()
+	if err != nil {
+		// Without knowing what is there, writing could only guess.
+		return append(errs, err)
 	}
-	slices.Sort(tables)
-	for _, t := range tables {
-		rs, err := m.k.ListRoutes(t, m.opts.Protocol)
-		if err != nil {
-			// Without knowing what is there, writing could only guess.
-			return append(errs, fmt.Errorf("list routes of table %d: %w", t, err))
-		}
-		for _, r := range rs {
-			have[r] = true
-		}
-	}
-
-	// A desired route without device matches the kernel's route whatever
-	// interface the kernel chose for it.
-	var anyLink map[KernelRoute]KernelRoute
-	for r := range want {
-		if r.LinkIndex != 0 || have[r] {
-			continue
-		}
-		if anyLink == nil {
-			anyLink = map[KernelRoute]KernelRoute{}
-			for h := range have {
-				w := h
-				w.LinkIndex = 0
-				anyLink[w] = h
-			}
-		}
-		if h, ok := anyLink[r]; ok {
-			delete(want, r)
-			want[h] = true
-		}
-	}
+	matchAnyLink(want, have)
 
 	stale := map[slot]KernelRoute{}
 	for h := range have {
@@ -375,6 +342,49 @@ func (m *Manager) syncRoutes() []error {
 	}
 	m.routeState = have
 	return errs
+}
+
+// ownedRoutes lists meshd's routes (its protocol) in the tables it owns.
+func (m *Manager) ownedRoutes() (map[KernelRoute]bool, error) {
+	have := map[KernelRoute]bool{}
+	tables := make([]int, 0, len(m.tables))
+	for t := range m.tables {
+		tables = append(tables, t)
+	}
+	slices.Sort(tables)
+	for _, t := range tables {
+		rs, err := m.k.ListRoutes(t, m.opts.Protocol)
+		if err != nil {
+			return nil, fmt.Errorf("list routes of table %d: %w", t, err)
+		}
+		for _, r := range rs {
+			have[r] = true
+		}
+	}
+	return have, nil
+}
+
+// matchAnyLink makes a desired route without device (want) match the
+// kernel's route (have) whatever interface the kernel chose for it.
+func matchAnyLink(want, have map[KernelRoute]bool) {
+	var anyLink map[KernelRoute]KernelRoute
+	for r := range want {
+		if r.LinkIndex != 0 || have[r] {
+			continue
+		}
+		if anyLink == nil {
+			anyLink = map[KernelRoute]KernelRoute{}
+			for h := range have {
+				w := h
+				w.LinkIndex = 0
+				anyLink[w] = h
+			}
+		}
+		if h, ok := anyLink[r]; ok {
+			delete(want, r)
+			want[h] = true
+		}
+	}
 }
 
 func (m *Manager) ownsRule(r KernelRule) bool {

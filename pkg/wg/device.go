@@ -135,54 +135,73 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}}
 	defer func() {
 		if err != nil {
-			if d.kind == KindKernel && d.createdLink {
-				if l, lerr := h.LinkByName(name); lerr == nil {
-					h.LinkDel(l) // do not leave a half-opened link behind
-				}
-			}
-			d.release()
+			d.abandon()
 		}
 	}()
+	if err := d.adoptOrCreate(ctx, ns, mode); err != nil {
+		return nil, err
+	}
+	if err := d.connect(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
 
-	link, err := h.LinkByName(name)
+// abandon undoes a failed Open: it deletes a kernel link Open created (do
+// not leave a half-opened link behind) and releases what Open acquired.
+func (d *Device) abandon() {
+	if d.kind == KindKernel && d.createdLink {
+		if l, err := d.handle.LinkByName(d.name); err == nil {
+			d.handle.LinkDel(l)
+		}
+	}
+	d.release()
+}
+
+// adoptOrCreate adopts the existing interface if mode allows it, else
+// creates one.
+func (d *Device) adoptOrCreate(ctx context.Context, ns netns.NsHandle, mode Mode) error {
+	link, err := d.handle.LinkByName(d.name)
 	var notFound netlink.LinkNotFoundError
 	switch {
 	case err == nil:
 		if d.kind, err = adoptKind(link, mode); err != nil {
-			return nil, err
+			return err
 		}
-		log.Info("adopting existing WireGuard interface", "kind", d.kind)
+		d.log.Info("adopting existing WireGuard interface", "kind", d.kind)
+		return nil
 	case errors.As(err, &notFound):
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("opening WireGuard interface %s: %w", name, err)
+			return fmt.Errorf("opening WireGuard interface %s: %w", d.name, err)
 		}
-		if err := d.create(ns, mode); err != nil {
-			return nil, err
-		}
+		return d.create(ns, mode)
 	default:
-		return nil, fmt.Errorf("looking up interface %s: %w", name, err)
+		return fmt.Errorf("looking up interface %s: %w", d.name, err)
 	}
+}
 
-	// The wgctrl client is made after the link exists, so that a kernel
-	// module loaded by creating it is seen.
+// connect opens the wgctrl client and checks the device it sees. It runs
+// after the link exists, so that a kernel module loaded by creating it is
+// seen.
+func (d *Device) connect() error {
 	wc, err := wgctrl.New()
 	if err != nil {
-		return nil, fmt.Errorf("opening wgctrl: %w", err)
+		return fmt.Errorf("opening wgctrl: %w", err)
 	}
 	d.client, d.closeClient = wc, wc.Close
-	wd, err := d.client.Device(name)
+	wd, err := d.client.Device(d.name)
 	if err != nil {
-		return nil, fmt.Errorf("reading WireGuard device %s (%s): %w", name, d.kind, err)
+		return fmt.Errorf("reading WireGuard device %s (%s): %w", d.name, d.kind, err)
 	}
 	if (d.kind == KindKernel) != (wd.Type == wgtypes.LinuxKernel) {
-		return nil, fmt.Errorf("WireGuard device %s: wgctrl reports a %s device, expected %s", name, wd.Type, d.kind)
+		return fmt.Errorf("WireGuard device %s: wgctrl reports a %s device, expected %s", d.name, wd.Type, d.kind)
 	}
-	st, err := d.links.Link(name)
+	st, err := d.links.Link(d.name)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.index = st.Index
-	return d, nil
+	return nil
 }
 
 // adoptKind decides whether an existing link can be adopted in mode.

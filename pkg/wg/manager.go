@@ -51,8 +51,9 @@ func NewManager(ctx context.Context, opts Options) (*Manager, error) {
 	m := newManager(opts, nil, nil)
 	m.ns = ns
 	m.open = m.openInNS
+	watchNS := ns // not m.ns, which Close resets
 	m.watch = func(ctx context.Context, changed func()) error {
-		return watchLink(ctx, m.log, &m.ns, opts.Name, changed)
+		return watchLink(ctx, m.log, &watchNS, opts.Name, changed)
 	}
 	dev, err := Open(ctx, opts)
 	if err != nil {

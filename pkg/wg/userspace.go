@@ -134,29 +134,13 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 			nsDup.Close()
 		}
 	}()
-	var tdev tun.Device
-	var tunErr error
-	pt := &pumpedTUN{events: make(chan tun.Event, 8)}
-	pt.mtu.Store(int64(mtu))
-	if err := inNS(nsDup, func() {
-		if tdev, tunErr = tun.CreateTUN(name, mtu); tunErr == nil {
-			if m, err := tdev.MTU(); err == nil {
-				pt.mtu.Store(int64(m))
-			}
-		}
-	}); err != nil {
+	pt, err := createTUN(nsDup, name, mtu)
+	if err != nil {
 		return nil, err
-	}
-	if tunErr != nil {
-		return nil, fmt.Errorf("creating TUN device %s: %w", name, tunErr)
-	}
-	if real, err := tdev.Name(); err == nil && real != name {
-		tdev.Close()
-		return nil, fmt.Errorf("creating TUN device %s: kernel named it %s", name, real)
 	}
 	uapiFile, err := ipc.UAPIOpen(name)
 	if err != nil {
-		tdev.Close()
+		pt.Close()
 		hint := ""
 		if c, derr := net.Dial("unix", socketPath(name)); derr == nil {
 			c.Close()
@@ -164,7 +148,6 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 		}
 		return nil, fmt.Errorf("opening UAPI socket %s%s: %w", socketPath(name), hint, err)
 	}
-	pt.Device = tdev
 	dlog := log.With("component", "wireguard-go", "interface", name)
 	dev := device.NewDevice(pt, conn.NewDefaultBind(), deviceLogger(dlog))
 	goInNS(nsDup, log, func() { pt.pump(dev, dlog) })
@@ -186,6 +169,32 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 		}
 	}
 	return u, nil
+}
+
+// createTUN creates the TUN device name in ns.
+func createTUN(ns netns.NsHandle, name string, mtu int) (*pumpedTUN, error) {
+	var tdev tun.Device
+	var tunErr error
+	pt := &pumpedTUN{events: make(chan tun.Event, 8)}
+	pt.mtu.Store(int64(mtu))
+	if err := inNS(ns, func() {
+		if tdev, tunErr = tun.CreateTUN(name, mtu); tunErr == nil {
+			if m, err := tdev.MTU(); err == nil {
+				pt.mtu.Store(int64(m))
+			}
+		}
+	}); err != nil {
+		return nil, err
+	}
+	if tunErr != nil {
+		return nil, fmt.Errorf("creating TUN device %s: %w", name, tunErr)
+	}
+	if real, err := tdev.Name(); err == nil && real != name {
+		tdev.Close()
+		return nil, fmt.Errorf("creating TUN device %s: kernel named it %s", name, real)
+	}
+	pt.Device = tdev
+	return pt, nil
 }
 
 // up sets the link up and brings the device up in its namespace, so that a

@@ -79,7 +79,7 @@ func followLink(ctx context.Context, updates <-chan netlink.LinkUpdate, errc <-c
 			if u.Link == nil || u.Link.Attrs().Name != name {
 				continue
 			}
-			a := u.Link.Attrs()
+			a := u.Attrs()
 			up := a.Flags&unix.IFF_UP != 0 // administratively up
 			switch {
 			case u.Header.Type == unix.RTM_DELLINK:

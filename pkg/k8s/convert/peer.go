@@ -72,22 +72,31 @@ func PeerFromObject(p *v1alpha1.Peer, secretLookup func(ns, name, key string) ([
 	}
 
 	if ref := p.Spec.PresharedKeySecretRef; ref != nil {
-		where := fmt.Sprintf("key %q of Secret %s/%s", ref.Key, ref.Namespace, ref.Name)
-		if ref.Name == "" || ref.Namespace == "" || ref.Key == "" {
-			return fail("spec.presharedKeySecretRef needs name, namespace and key")
-		}
-		if secretLookup == nil {
-			return fail("reading the preshared key from %s: no Secret lookup configured", where)
-		}
-		raw, err := secretLookup(ref.Namespace, ref.Name, ref.Key)
+		psk, err := presharedKey(ref, secretLookup)
 		if err != nil {
-			return fail("reading the preshared key from %s: %w", where, err)
+			return fail("%w", err)
 		}
-		psk, err := secrets.ParsePresharedKey(raw)
-		if err != nil {
-			return fail("preshared key in %s: %w", where, err)
-		}
-		out.PresharedKey = &psk
+		out.PresharedKey = psk
 	}
 	return out, nil
+}
+
+// presharedKey reads and parses the preshared key ref names.
+func presharedKey(ref *v1alpha1.SecretKeyRef, secretLookup SecretLookup) (*wgtypes.Key, error) {
+	where := fmt.Sprintf("key %q of Secret %s/%s", ref.Key, ref.Namespace, ref.Name)
+	if ref.Name == "" || ref.Namespace == "" || ref.Key == "" {
+		return nil, errors.New("spec.presharedKeySecretRef needs name, namespace and key")
+	}
+	if secretLookup == nil {
+		return nil, fmt.Errorf("reading the preshared key from %s: no Secret lookup configured", where)
+	}
+	raw, err := secretLookup(ref.Namespace, ref.Name, ref.Key)
+	if err != nil {
+		return nil, fmt.Errorf("reading the preshared key from %s: %w", where, err)
+	}
+	psk, err := secrets.ParsePresharedKey(raw)
+	if err != nil {
+		return nil, fmt.Errorf("preshared key in %s: %w", where, err)
+	}
+	return &psk, nil
 }

@@ -70,7 +70,7 @@ func (p *PresharedKeys) Lookup(namespace, name, key string) ([]byte, error) {
 
 func (p *PresharedKeys) current(namespace, name, key string) ([]byte, error) {
 	if p.namespace != "" && namespace != p.namespace {
-		return nil, fmt.Errorf("Secret %s/%s is not in namespace %s, the only one meshd reads Secrets from", namespace, name, p.namespace)
+		return nil, fmt.Errorf("the Secret %s/%s is not in namespace %s, the only one meshd reads Secrets from", namespace, name, p.namespace)
 	}
 	if p.store == nil {
 		return nil, errors.New("no Secret cache configured")
@@ -81,11 +81,11 @@ func (p *PresharedKeys) current(namespace, name, key string) ([]byte, error) {
 	}
 	s, isSecret := o.(*corev1.Secret)
 	if !ok || !isSecret {
-		return nil, fmt.Errorf("Secret %s/%s not found", namespace, name)
+		return nil, fmt.Errorf("the Secret %s/%s was not found", namespace, name)
 	}
 	v, ok := s.Data[key]
 	if !ok {
-		return nil, fmt.Errorf("Secret %s/%s has no key %q", namespace, name, key)
+		return nil, fmt.Errorf("the Secret %s/%s has no key %q", namespace, name, key)
 	}
 	return v, nil
 }
