@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -400,6 +401,42 @@ func TestMultiClusterServices(t *testing.T) {
 		}
 		return nil
 	})
+
+	// 12. Stale endpoints expire per the source cluster's liveness data:
+	// meshd on srv1's node of cluster 1 dies, its heartbeat Lease stops; the
+	// imported endpoint of sticky on that node turns not ready in cluster 2
+	// once the Lease is older than its leaseDurationSeconds.
+	lease, err := c1.kube.CoordinationV1().Leases(testbed.LeaseNamespace).Get(ctx, "meshd-"+srv1.Node.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl := time.Duration(deref(lease.Spec.LeaseDurationSeconds)) * time.Second
+	start = time.Now()
+	// The exit error is SIGKILL's.
+	_ = srv1.Node.StopMeshd(syscall.SIGKILL, 5*time.Second)
+	if !srv1.Node.Meshd().Exited() {
+		t.Fatalf("meshd on %s still runs", srv1.Node.Name)
+	}
+	s.eventually(ttl+15*time.Second, 250*time.Millisecond, "cluster 2: the imported endpoint of sticky on the dead node not ready", func() error {
+		for _, sl := range s.waitImportSlicesAny(c2, "sticky") {
+			for _, ep := range sl.Endpoints {
+				if slices.Contains(ep.Addresses, srv1.IP.String()) && ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("still ready")
+	})
+	t.Logf("STALE meshd of %s killed: its imported endpoint not ready in cluster 2 %s later (its Lease lasts %s)", srv1.Node.Name, time.Since(start).Round(time.Millisecond), ttl)
+}
+
+// waitImportSlicesAny lists the imported slices of name in c.
+func (s *scenario) waitImportSlicesAny(c mcsCluster, name string) []discoveryv1.EndpointSlice {
+	l, err := c.kube.DiscoveryV1().EndpointSlices(mcsNS).List(s.ctx, metav1.ListOptions{LabelSelector: mirror.LabelServiceName + "=" + name})
+	if err != nil {
+		return nil
+	}
+	return l.Items
 }
 
 // importSliceNames are the names of the imported slices of name in c.

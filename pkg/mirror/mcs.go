@@ -270,6 +270,7 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 		cs = append(cs, constituent{
 			cluster: r.clusterID, created: ex.GetCreationTimestamp().Time, svc: svc,
 			slices: r.endpointSlices(nn.Namespace, nn.Name), notReady: !r.self && m.notReady(r),
+			deadNode: r.live.isDead,
 		})
 	}
 	if !complete {

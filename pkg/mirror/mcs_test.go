@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -373,4 +374,39 @@ func TestMCSCRDsMissing(t *testing.T) {
 	})
 	// The Linkerd-style mirror is still written.
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+}
+
+// TestStaleEndpointsFollowSourceLeases: an imported endpoint on a node whose
+// meshd heartbeat Lease (in the source cluster) expired turns not ready; a
+// renewal makes it ready again.
+func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: k8s.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
+			Labels: map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}},
+		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(10))},
+	}
+	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
+		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}), lease)
+	e := startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
+	ready := func(want bool) func() error {
+		return func() error {
+			sls := e.importSlices("shop", "web")
+			if len(sls) != 1 || len(sls[0].Endpoints) != 1 {
+				return fmt.Errorf("%d slices", len(sls))
+			}
+			if r := sls[0].Endpoints[0].Conditions.Ready; r == nil || *r != want {
+				return fmt.Errorf("ready %v, want %v", r, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, ready(true))
+	e.clock.Advance(11 * time.Second)
+	eventually(t, ready(false))
+	// The node renews its Lease: ready again.
+	lease.ResourceVersion = "2"
+	if _, err := c2.kube.CoordinationV1().Leases("meshd-system").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ready(true))
 }

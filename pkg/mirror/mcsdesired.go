@@ -49,6 +49,9 @@ type constituent struct {
 	svc      *corev1.Service
 	slices   []*discoveryv1.EndpointSlice
 	notReady bool // the data plane does not reach the cluster: every endpoint not ready
+	// deadNode: the cluster's liveness data says the node is dead (its
+	// endpoints are stale).
+	deadNode func(node string) bool
 }
 
 func importType(s *corev1.Service) mcsv1beta1.ServiceImportType {
@@ -263,7 +266,7 @@ func desiredImportSlices(nn types.NamespacedName, localCluster, derived string, 
 				if ep.Conditions.Serving != nil {
 					s = *ep.Conditions.Serving
 				}
-				if c.notReady {
+				if c.notReady || (c.deadNode != nil && ep.NodeName != nil && c.deadNode(*ep.NodeName)) {
 					r, s = false, false
 				}
 				e := discoveryv1.Endpoint{
