@@ -184,6 +184,30 @@ func TestServiceImportLifecycle(t *testing.T) {
 		return nil
 	})
 
+	// Converged: no write follows (meshd's own writes do not loop).
+	writes := func() int {
+		n := 0
+		for _, a := range append(e.local.Actions(), e.dyn.Actions()...) {
+			if v := a.GetVerb(); v == "create" || v == "update" || v == "delete" {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, func() error {
+		before := writes()
+		time.Sleep(100 * time.Millisecond)
+		if after := writes(); after != before {
+			return fmt.Errorf("%d writes in 100ms", after-before)
+		}
+		return nil
+	})
+	before := writes()
+	time.Sleep(300 * time.Millisecond)
+	if after := writes(); after != before {
+		t.Errorf("%d writes after convergence: a write loop", after-before)
+	}
+
 	// The remote export goes: only the local cluster's slice stays.
 	c2.deleteExport(t, "shop", "web")
 	eventually(t, func() error {
@@ -289,6 +313,14 @@ func TestMergeExports(t *testing.T) {
 	}
 	if m.winner != "a" || m.spec.TrafficDistribution != nil || !slices.Equal(m.conflicts["b"], []string{"TrafficDistributionConflict"}) || len(m.conflicts["a"]) != 0 {
 		t.Errorf("winner %s, traffic distribution %v, conflicts %v", m.winner, m.spec.TrafficDistribution, m.conflicts)
+	}
+	// exportedLabels: the oldest export's, a different set is a conflict.
+	m = mergeExports([]constituent{
+		{cluster: "a", created: t0, svc: a, labels: map[string]string{"tier": "web"}},
+		{cluster: "b", created: t0.Add(time.Second), svc: a, labels: map[string]string{"tier": "api"}, annotations: map[string]string{"x": "y"}},
+	})
+	if m.labels["tier"] != "web" || len(m.annotations) != 0 || !slices.Equal(m.conflicts["b"], []string{"LabelsConflict", "AnnotationsConflict"}) {
+		t.Errorf("labels %v annotations %v conflicts %v", m.labels, m.annotations, m.conflicts)
 	}
 	if got := derivedServiceName(types.NamespacedName{Namespace: "shop", Name: "web"}); !strings.HasPrefix(got, "derived-") || len(got) != 18 {
 		t.Errorf("derived name %q", got)

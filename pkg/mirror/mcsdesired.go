@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -52,6 +53,9 @@ type constituent struct {
 	// deadNode: the cluster's liveness data says the node is dead (its
 	// endpoints are stale).
 	deadNode func(node string) bool
+	// labels and annotations are the export's exportedLabels and
+	// exportedAnnotations.
+	labels, annotations map[string]string
 }
 
 func importType(s *corev1.Service) mcsv1beta1.ServiceImportType {
@@ -64,10 +68,13 @@ func importType(s *corev1.Service) mcsv1beta1.ServiceImportType {
 // merged is the ServiceImport the constituents make, and each cluster's
 // conflicts with it.
 type merged struct {
-	spec      mcsv1beta1.ServiceImportSpec
-	winner    string
-	conflicts map[string][]string // cluster → reasons
-	messages  map[string][]string
+	spec mcsv1beta1.ServiceImportSpec
+	// labels and annotations of the ServiceImport: the oldest export's
+	// exportedLabels and exportedAnnotations.
+	labels, annotations map[string]string
+	winner              string
+	conflicts           map[string][]string // cluster → reasons
+	messages            map[string][]string
 }
 
 // mergeExports merges the constituents, oldest export first (ties by
@@ -92,6 +99,7 @@ func mergeExports(cs []constituent) merged {
 	}
 	m.spec.InternalTrafficPolicy = w.svc.Spec.InternalTrafficPolicy
 	m.spec.TrafficDistribution = w.svc.Spec.TrafficDistribution
+	m.labels, m.annotations = w.labels, w.annotations
 	byName := map[string]mcsv1beta1.ServicePort{}
 	families := map[corev1.IPFamily]bool{}
 	for i, c := range cs {
@@ -111,6 +119,12 @@ func mergeExports(cs []constituent) merged {
 			if !equalPtr(orDefault(c.svc.Spec.InternalTrafficPolicy), orDefault(m.spec.InternalTrafficPolicy)) {
 				add(string(mcsv1beta1.ServiceExportReasonInternalTrafficPolicyConflict), "internal traffic policy %s, using %s",
 					deref(orDefault(c.svc.Spec.InternalTrafficPolicy)), deref(orDefault(m.spec.InternalTrafficPolicy)))
+			}
+			if !maps.Equal(c.labels, m.labels) {
+				add(string(mcsv1beta1.ServiceExportReasonLabelsConflict), "exported labels %v, using %v", c.labels, m.labels)
+			}
+			if !maps.Equal(c.annotations, m.annotations) {
+				add(string(mcsv1beta1.ServiceExportReasonAnnotationsConflict), "exported annotations %v, using %v", c.annotations, m.annotations)
 			}
 			if !equalPtr(c.svc.Spec.TrafficDistribution, m.spec.TrafficDistribution) {
 				add(string(mcsv1beta1.ServiceExportReasonTrafficDistributionConflict), "traffic distribution %q, using %q",
