@@ -240,6 +240,7 @@ func (c *Controller) RemoveRemote(name string) {
 	c.mu.Unlock()
 	c.metrics.forget(name)
 	c.enqueueCluster(name)
+	c.mcs.enqueueAll("") // its imported slices go
 }
 
 // Run starts the informers and workers and mirrors until ctx ends.

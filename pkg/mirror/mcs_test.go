@@ -442,3 +442,32 @@ func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
 	}
 	eventually(t, ready(true))
 }
+
+// TestUnlinkedClusterSlicesGo: a removed source cluster's imported slices
+// are deleted; the local export keeps the import.
+func TestUnlinkedClusterSlicesGo(t *testing.T) {
+	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
+		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}))
+	e := startMCS(t, Options{NoMirrors: true},
+		localObjects(remoteService("shop", "web", "10.96.0.10", 80), remoteSlice("shop", "web", "web-local", 8080, ep{ip: "10.244.0.1", ready: true})),
+		[]runtime.Object{exportAt("shop", "web", t0.Add(time.Minute))}, c2)
+	clusters := func(want ...string) func() error {
+		return func() error {
+			var got []string
+			for _, sl := range e.importSlices("shop", "web") {
+				got = append(got, sl.Labels[LabelSourceCluster])
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("slices of clusters %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, clusters("c2", localID))
+	e.c.RemoveRemote("c2")
+	eventually(t, clusters(localID))
+	if _, err := e.serviceImport("shop", "web"); err != nil {
+		t.Errorf("the import of the local export: %v", err)
+	}
+}
