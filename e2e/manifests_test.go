@@ -49,7 +49,7 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 	// (components/prometheus needs the prometheus-operator CRDs).
 	overlay := t.TempDir()
 	var components []string
-	for _, c := range []string{"userspace-sidecar", "mirror", "cluster-links"} {
+	for _, c := range []string{"userspace-sidecar", "mirror", "cluster-links", "mcs-crds"} {
 		if _, err := os.Stat(filepath.Join(manifests, "components", c)); err == nil {
 			rel, _ := filepath.Rel(overlay, filepath.Join(manifests, "components", c))
 			components = append(components, "- "+rel)
@@ -76,7 +76,7 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 		docs["helm template (defaults)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--include-crds", "--kube-version", kv)
 		docs["helm template (sidecar, mirror)"] = render(t, h, "template", "meshd", chart, "-n", "meshd-system", "--kube-version", kv,
 			"--set", "userspaceSidecar=true", "--set", "mirror.enabled=true", "--set", "meshGranularity=full",
-			"--set", "clusterLinks.enabled=true",
+			"--set", "clusterLinks.enabled=true", "--set", "mcsCRDs.install=true",
 			// The dashboard ConfigMap is core; PodMonitor/PrometheusRule need CRDs the testbed lacks.
 			"--set", "metrics.dashboard.enabled=true", "--set", "updateStrategy.maxUnavailable=25%")
 	} else if os.Getenv("CI") != "" {

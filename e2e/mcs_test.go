@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,8 +219,11 @@ func TestMultiClusterServices(t *testing.T) {
 		sp.InternalTrafficPolicy = ptrTo(corev1.ServiceInternalTrafficPolicyLocal)
 		sp.TrafficDistribution = ptrTo(corev1.ServiceTrafficDistributionPreferSameZone)
 	}, []*testbed.Pod{srv1}, false)
-	s.mcsExport(c1, "sticky")
+	s.mcsExportSpec(c1, "sticky", map[string]any{"exportedLabels": map[string]any{"team": "checkout"}})
 	sticky := s.waitImport(c2, "sticky", budgetImport, func(si *mcsv1beta1.ServiceImport) error {
+		if si.Labels["team"] != "checkout" {
+			return fmt.Errorf("labels %v, want the export's exportedLabels team=checkout", si.Labels)
+		}
 		if si.Spec.SessionAffinity != corev1.ServiceAffinityClientIP || si.Spec.SessionAffinityConfig == nil ||
 			deref(si.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds) != 600 ||
 			deref(si.Spec.InternalTrafficPolicy) != corev1.ServiceInternalTrafficPolicyLocal ||
@@ -277,7 +281,20 @@ func TestMultiClusterServices(t *testing.T) {
 
 	// 8. An unexported Service: never imported, its name not served.
 	s.mcsService(c1, "hidden", nil, []*testbed.Pod{srv1}, false)
+	// Meanwhile nothing is rewritten in a steady state (no write loop).
+	rvs := func() string {
+		si := s.getImport(c2, "sticky")
+		d, err := c2.kube.CoreV1().Services(mcsNS).Get(ctx, si.Annotations[mirror.AnnotationDerivedService], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("import %s, derived %s, slices %v", si.ResourceVersion, d.ResourceVersion, s.importSliceNames(c2, "sticky"))
+	}
+	steady := rvs()
 	time.Sleep(3 * time.Second) // what a wrong import would need
+	if now := rvs(); now != steady {
+		t.Errorf("sticky rewritten in a steady state: %s -> %s", steady, now)
+	}
 	for _, c := range []mcsCluster{c1, c2} {
 		for _, n := range []string{"hidden", "ext"} {
 			if _, err := c.dyn.Resource(mirror.ServiceImportGVR).Namespace(mcsNS).Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -400,6 +417,42 @@ func TestMultiClusterServices(t *testing.T) {
 		}
 		return nil
 	})
+
+	// 12. Stale endpoints expire per the source cluster's liveness data:
+	// meshd on srv1's node of cluster 1 dies, its heartbeat Lease stops; the
+	// imported endpoint of sticky on that node turns not ready in cluster 2
+	// once the Lease is older than its leaseDurationSeconds.
+	lease, err := c1.kube.CoordinationV1().Leases(testbed.LeaseNamespace).Get(ctx, "meshd-"+srv1.Node.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl := time.Duration(deref(lease.Spec.LeaseDurationSeconds)) * time.Second
+	start = time.Now()
+	// The exit error is SIGKILL's.
+	_ = srv1.Node.StopMeshd(syscall.SIGKILL, 5*time.Second)
+	if !srv1.Node.Meshd().Exited() {
+		t.Fatalf("meshd on %s still runs", srv1.Node.Name)
+	}
+	s.eventually(ttl+15*time.Second, 250*time.Millisecond, "cluster 2: the imported endpoint of sticky on the dead node not ready", func() error {
+		for _, sl := range s.waitImportSlicesAny(c2, "sticky") {
+			for _, ep := range sl.Endpoints {
+				if slices.Contains(ep.Addresses, srv1.IP.String()) && ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("still ready")
+	})
+	t.Logf("STALE meshd of %s killed: its imported endpoint not ready in cluster 2 %s later (its Lease lasts %s)", srv1.Node.Name, time.Since(start).Round(time.Millisecond), ttl)
+}
+
+// waitImportSlicesAny lists the imported slices of name in c.
+func (s *scenario) waitImportSlicesAny(c mcsCluster, name string) []discoveryv1.EndpointSlice {
+	l, err := c.kube.DiscoveryV1().EndpointSlices(mcsNS).List(s.ctx, metav1.ListOptions{LabelSelector: mirror.LabelServiceName + "=" + name})
+	if err != nil {
+		return nil
+	}
+	return l.Items
 }
 
 // importSliceNames are the names of the imported slices of name in c.
@@ -483,11 +536,21 @@ func (s *scenario) mcsService(c mcsCluster, name string, edit func(*corev1.Servi
 // mcsExport creates the v1beta1 ServiceExport of name in c.
 func (s *scenario) mcsExport(c mcsCluster, name string) {
 	s.t.Helper()
-	_, err := c.dyn.Resource(mirror.ServiceExportGVR).Namespace(mcsNS).Create(s.ctx, &unstructured.Unstructured{Object: map[string]any{
+	s.mcsExportSpec(c, name, nil)
+}
+
+// mcsExportSpec creates the v1beta1 ServiceExport of name in c with spec.
+func (s *scenario) mcsExportSpec(c mcsCluster, name string, spec map[string]any) {
+	s.t.Helper()
+	obj := map[string]any{
 		"apiVersion": mirror.ServiceExportGVR.GroupVersion().String(),
 		"kind":       "ServiceExport",
 		"metadata":   map[string]any{"name": name, "namespace": mcsNS, "labels": map[string]any{mirrorTestLabel: mcsTestLabelValue}},
-	}}, metav1.CreateOptions{})
+	}
+	if spec != nil {
+		obj["spec"] = spec
+	}
+	_, err := c.dyn.Resource(mirror.ServiceExportGVR).Namespace(mcsNS).Create(s.ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
 	if err != nil {
 		s.t.Fatal(err)
 	}

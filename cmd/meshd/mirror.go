@@ -229,6 +229,7 @@ func mirrorOptions(ctx context.Context, log *slog.Logger, mc *mirrorConfig, loca
 		NoMirrors:             !mc.MirrorServices,
 		StaticRemotes:         static,
 		EventNamespace:        mc.Namespace,
+		LeaseNamespace:        mc.Namespace,
 	}
 	if !mc.MCS {
 		return opts, nil

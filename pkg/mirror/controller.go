@@ -62,6 +62,10 @@ type Options struct {
 	// Health, when set, tells whether the data plane reaches a source
 	// cluster; its endpoints turn not ready while it does not.
 	Health ClusterHealth
+	// LeaseNamespace is where source clusters keep their meshd heartbeat
+	// Leases; with it, an imported endpoint on a node whose Lease expired
+	// (the source cluster's own liveness data) is not ready. Empty: off.
+	LeaseNamespace string
 	// EventNamespace is the Namespace that gets the Event saying the MCS
 	// CRDs are missing (the mirror's own namespace).
 	EventNamespace string
@@ -236,6 +240,7 @@ func (c *Controller) RemoveRemote(name string) {
 	c.mu.Unlock()
 	c.metrics.forget(name)
 	c.enqueueCluster(name)
+	c.mcs.enqueueAll("") // its imported slices go
 }
 
 // Run starts the informers and workers and mirrors until ctx ends.

@@ -266,9 +266,13 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 		if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
 			continue
 		}
+		labels, _, _ := unstructured.NestedStringMap(ex.Object, "spec", "exportedLabels")
+		annotations, _, _ := unstructured.NestedStringMap(ex.Object, "spec", "exportedAnnotations")
 		cs = append(cs, constituent{
 			cluster: r.clusterID, created: ex.GetCreationTimestamp().Time, svc: svc,
+			labels: labels, annotations: annotations,
 			slices: r.endpointSlices(nn.Namespace, nn.Name), notReady: !r.self && m.notReady(r),
+			deadNode: r.live.isDead,
 		})
 	}
 	if !complete {
@@ -390,8 +394,19 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 		ObjectMeta: metav1.ObjectMeta{Name: nn.Name, Namespace: nn.Namespace, Labels: map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}},
 		Spec:       mg.spec,
 	}
+	// The oldest export's exportedLabels and exportedAnnotations; meshd's
+	// own keys win.
+	want.Labels = maps.Clone(mg.labels)
+	if want.Labels == nil {
+		want.Labels = map[string]string{}
+	}
+	want.Labels[k8s.LabelManagedBy] = k8s.ManagedBy
+	want.Annotations = maps.Clone(mg.annotations)
 	if derived != "" {
-		want.Annotations = map[string]string{AnnotationDerivedService: derived}
+		if want.Annotations == nil {
+			want.Annotations = map[string]string{}
+		}
+		want.Annotations[AnnotationDerivedService] = derived
 		if si != nil && si.Spec.Type == mcsv1beta1.ClusterSetIP {
 			want.Spec.IPs = si.Spec.IPs // filled in from the derived Service below
 		}
@@ -439,17 +454,10 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 	want.Spec.IPs = ips
 
 	// The spec and metadata.
-	if !equality.Semantic.DeepEqual(si.Spec, want.Spec) || si.Annotations[AnnotationDerivedService] != want.Annotations[AnnotationDerivedService] {
+	if !equality.Semantic.DeepEqual(si.Spec, want.Spec) || !maps.Equal(si.Labels, want.Labels) || !maps.Equal(si.Annotations, want.Annotations) {
 		upd := si.DeepCopy()
 		upd.Spec = want.Spec
-		if upd.Annotations == nil {
-			upd.Annotations = map[string]string{}
-		}
-		if derived != "" {
-			upd.Annotations[AnnotationDerivedService] = derived
-		} else {
-			delete(upd.Annotations, AnnotationDerivedService)
-		}
+		upd.Labels, upd.Annotations = want.Labels, want.Annotations
 		upd.TypeMeta = want.TypeMeta
 		u, err := toUnstructured(upd)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -182,6 +183,30 @@ func TestServiceImportLifecycle(t *testing.T) {
 		return nil
 	})
 
+	// Converged: no write follows (meshd's own writes do not loop).
+	writes := func() int {
+		n := 0
+		for _, a := range append(e.local.Actions(), e.dyn.Actions()...) {
+			if v := a.GetVerb(); v == "create" || v == "update" || v == "delete" {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, func() error {
+		before := writes()
+		time.Sleep(100 * time.Millisecond)
+		if after := writes(); after != before {
+			return fmt.Errorf("%d writes in 100ms", after-before)
+		}
+		return nil
+	})
+	before := writes()
+	time.Sleep(300 * time.Millisecond)
+	if after := writes(); after != before {
+		t.Errorf("%d writes after convergence: a write loop", after-before)
+	}
+
 	// The remote export goes: only the local cluster's slice stays.
 	c2.deleteExport(t, "shop", "web")
 	eventually(t, func() error {
@@ -288,6 +313,14 @@ func TestMergeExports(t *testing.T) {
 	if m.winner != "a" || m.spec.TrafficDistribution != nil || !slices.Equal(m.conflicts["b"], []string{"TrafficDistributionConflict"}) || len(m.conflicts["a"]) != 0 {
 		t.Errorf("winner %s, traffic distribution %v, conflicts %v", m.winner, m.spec.TrafficDistribution, m.conflicts)
 	}
+	// exportedLabels: the oldest export's, a different set is a conflict.
+	m = mergeExports([]constituent{
+		{cluster: "a", created: t0, svc: a, labels: map[string]string{"tier": "web"}},
+		{cluster: "b", created: t0.Add(time.Second), svc: a, labels: map[string]string{"tier": "api"}, annotations: map[string]string{"x": "y"}},
+	})
+	if m.labels["tier"] != "web" || len(m.annotations) != 0 || !slices.Equal(m.conflicts["b"], []string{"LabelsConflict", "AnnotationsConflict"}) {
+		t.Errorf("labels %v annotations %v conflicts %v", m.labels, m.annotations, m.conflicts)
+	}
 	if got := derivedServiceName(types.NamespacedName{Namespace: "shop", Name: "web"}); !strings.HasPrefix(got, "derived-") || len(got) != 18 {
 		t.Errorf("derived name %q", got)
 	}
@@ -372,4 +405,68 @@ func TestMCSCRDsMissing(t *testing.T) {
 	})
 	// The Linkerd-style mirror is still written.
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+}
+
+// TestStaleEndpointsFollowSourceLeases: an imported endpoint on a node whose
+// meshd heartbeat Lease (in the source cluster) expired turns not ready; a
+// renewal makes it ready again.
+func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: k8s.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
+			Labels: map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}},
+		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(10))},
+	}
+	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
+		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}), lease)
+	e := startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
+	ready := func(want bool) func() error {
+		return func() error {
+			sls := e.importSlices("shop", "web")
+			if len(sls) != 1 || len(sls[0].Endpoints) != 1 {
+				return fmt.Errorf("%d slices", len(sls))
+			}
+			if r := sls[0].Endpoints[0].Conditions.Ready; r == nil || *r != want {
+				return fmt.Errorf("ready %v, want %v", r, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, ready(true))
+	e.clock.Advance(11 * time.Second)
+	eventually(t, ready(false))
+	// The node renews its Lease: ready again.
+	lease.ResourceVersion = "2"
+	if _, err := c2.kube.CoordinationV1().Leases("meshd-system").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ready(true))
+}
+
+// TestUnlinkedClusterSlicesGo: a removed source cluster's imported slices
+// are deleted; the local export keeps the import.
+func TestUnlinkedClusterSlicesGo(t *testing.T) {
+	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
+		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}))
+	e := startMCS(t, Options{NoMirrors: true},
+		localObjects(remoteService("shop", "web", "10.96.0.10", 80), remoteSlice("shop", "web", "web-local", 8080, ep{ip: "10.244.0.1", ready: true})),
+		[]runtime.Object{exportAt("shop", "web", t0.Add(time.Minute))}, c2)
+	clusters := func(want ...string) func() error {
+		return func() error {
+			var got []string
+			for _, sl := range e.importSlices("shop", "web") {
+				got = append(got, sl.Labels[LabelSourceCluster])
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("slices of clusters %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, clusters("c2", localID))
+	e.c.RemoveRemote("c2")
+	eventually(t, clusters(localID))
+	if _, err := e.serviceImport("shop", "web"); err != nil {
+		t.Errorf("the import of the local export: %v", err)
+	}
 }

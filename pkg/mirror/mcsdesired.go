@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -48,6 +49,12 @@ type constituent struct {
 	svc      *corev1.Service
 	slices   []*discoveryv1.EndpointSlice
 	notReady bool // the data plane does not reach the cluster: every endpoint not ready
+	// deadNode: the cluster's liveness data says the node is dead (its
+	// endpoints are stale).
+	deadNode func(node string) bool
+	// labels and annotations are the export's exportedLabels and
+	// exportedAnnotations.
+	labels, annotations map[string]string
 }
 
 func importType(s *corev1.Service) mcsv1beta1.ServiceImportType {
@@ -60,10 +67,13 @@ func importType(s *corev1.Service) mcsv1beta1.ServiceImportType {
 // merged is the ServiceImport the constituents make, and each cluster's
 // conflicts with it.
 type merged struct {
-	spec      mcsv1beta1.ServiceImportSpec
-	winner    string
-	conflicts map[string][]string // cluster → reasons
-	messages  map[string][]string
+	spec mcsv1beta1.ServiceImportSpec
+	// labels and annotations of the ServiceImport: the oldest export's
+	// exportedLabels and exportedAnnotations.
+	labels, annotations map[string]string
+	winner              string
+	conflicts           map[string][]string // cluster → reasons
+	messages            map[string][]string
 }
 
 // mergeExports merges the constituents, oldest export first (ties by
@@ -88,6 +98,7 @@ func mergeExports(cs []constituent) merged {
 	}
 	m.spec.InternalTrafficPolicy = w.svc.Spec.InternalTrafficPolicy
 	m.spec.TrafficDistribution = w.svc.Spec.TrafficDistribution
+	m.labels, m.annotations = w.labels, w.annotations
 	byName := map[string]mcsv1beta1.ServicePort{}
 	families := map[corev1.IPFamily]bool{}
 	for i, c := range cs {
@@ -107,6 +118,12 @@ func mergeExports(cs []constituent) merged {
 			if !equalPtr(orDefault(c.svc.Spec.InternalTrafficPolicy), orDefault(m.spec.InternalTrafficPolicy)) {
 				add(string(mcsv1beta1.ServiceExportReasonInternalTrafficPolicyConflict), "internal traffic policy %s, using %s",
 					deref(orDefault(c.svc.Spec.InternalTrafficPolicy)), deref(orDefault(m.spec.InternalTrafficPolicy)))
+			}
+			if !maps.Equal(c.labels, m.labels) {
+				add(string(mcsv1beta1.ServiceExportReasonLabelsConflict), "exported labels %v, using %v", c.labels, m.labels)
+			}
+			if !maps.Equal(c.annotations, m.annotations) {
+				add(string(mcsv1beta1.ServiceExportReasonAnnotationsConflict), "exported annotations %v, using %v", c.annotations, m.annotations)
 			}
 			if !equalPtr(c.svc.Spec.TrafficDistribution, m.spec.TrafficDistribution) {
 				add(string(mcsv1beta1.ServiceExportReasonTrafficDistributionConflict), "traffic distribution %q, using %q",
@@ -262,7 +279,7 @@ func desiredImportSlices(nn types.NamespacedName, localCluster, derived string, 
 				if ep.Conditions.Serving != nil {
 					s = *ep.Conditions.Serving
 				}
-				if c.notReady {
+				if c.notReady || (c.deadNode != nil && ep.NodeName != nil && c.deadNode(*ep.NodeName)) {
 					r, s = false, false
 				}
 				e := discoveryv1.Endpoint{

@@ -83,6 +83,8 @@ type remote struct {
 	// clusterID is the cluster's ID in the clusterset (ClusterProperty
 	// cluster.clusterset.k8s.io), resolved before synced is set.
 	clusterID string
+	// live follows its meshd heartbeat Leases (nil: not followed).
+	live *nodeLiveness
 
 	mu      sync.Mutex
 	lastOK  time.Time // last successful probe (or the start)
@@ -207,6 +209,10 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 	}()
 	if !r.self {
 		go c.probeLoop(ctx, r)
+		if c.mcs != nil && c.opts.LeaseNamespace != "" {
+			r.live = newNodeLiveness(c.now)
+			go c.runNodeLiveness(ctx, r, c.opts.LeaseNamespace)
+		}
 	}
 }
 
