@@ -400,7 +400,7 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 	if want.Labels == nil {
 		want.Labels = map[string]string{}
 	}
-	want.Labels[k8s.LabelManagedBy] = k8s.ManagedBy
+	want.Labels[liveness.LabelManagedBy] = liveness.ManagedBy
 	want.Annotations = maps.Clone(mg.annotations)
 	if derived != "" {
 		if want.Annotations == nil {

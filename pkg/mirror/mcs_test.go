@@ -412,8 +412,8 @@ func TestMCSCRDsMissing(t *testing.T) {
 // renewal makes it ready again.
 func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: k8s.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
-			Labels: map[string]string{k8s.LabelManagedBy: k8s.ManagedBy}},
+		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
+			Labels: map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}},
 		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(10))},
 	}
 	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),

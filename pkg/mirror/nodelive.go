@@ -9,8 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
-
-	"meshd.io/meshd/pkg/k8s"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // nodeLiveness follows a source cluster's meshd heartbeat Leases (read
@@ -42,8 +41,8 @@ func (l *nodeLiveness) observe(o any) {
 	if !ok {
 		return
 	}
-	node, ok := k8s.NodeNameFromLease(lease)
-	if !ok || lease.Labels[k8s.LabelManagedBy] != k8s.ManagedBy {
+	node, ok := liveness.NodeNameFromLease(lease)
+	if !ok || lease.Labels[liveness.LabelManagedBy] != liveness.ManagedBy {
 		return
 	}
 	ttl := 40 * time.Second
@@ -67,7 +66,7 @@ func (l *nodeLiveness) forget(o any) {
 		o = t.Obj
 	}
 	if lease, ok := o.(*coordinationv1.Lease); ok {
-		if node, ok := k8s.NodeNameFromLease(lease); ok {
+		if node, ok := liveness.NodeNameFromLease(lease); ok {
 			l.mu.Lock()
 			delete(l.obs, node)
 			l.mu.Unlock()
