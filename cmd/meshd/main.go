@@ -32,6 +32,7 @@ Usage:
   meshd device --interface NAME     run only a userspace WireGuard device (a sidecar that outlives meshd restarts)
   meshd cleanup [flags]             remove the interface, routes, rules and iptables chains meshd owns
   meshd mirror [flags]              mirror exported Services of linked clusters (see meshd mirror --help)
+  meshd dns [flags]                 answer clusterset.local DNS for ServiceImports (see meshd dns --help)
   meshd version (or meshd --version) print the version
 
 Flags of the node daemon (cleanup takes the same):
@@ -54,6 +55,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return cleanupCommand().main(args[1:], stderr)
 		case "mirror":
 			return mirrorCommand().main(args[1:], stderr)
+		case "dns":
+			return dnsCommand().main(args[1:], stderr)
 		case "version", "--version":
 			fmt.Fprintln(stdout, version)
 			return 0
