@@ -10,7 +10,6 @@ import (
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -151,10 +150,10 @@ func (h *Handler) resolve(labels []string, qtype uint16) result {
 	case 3: // <svc>.<ns>.svc
 		if headless {
 			eps := h.endpoints(si, "", "")
-			return h.records(qtype, eps.addrs(), func() []dns.RR { return h.headlessSRV(si, eps, base, "", "") }, eps.extra(h, base))
+			return h.records(qtype, eps.addrs(), func() []dns.RR { return h.headlessSRV(si, eps, base, "", "") }, func() []dns.RR { return eps.extra(h, base) })
 		}
 		ips := clusterSetIPs(si)
-		return h.records(qtype, ips, func() []dns.RR { return h.clusterSetSRV(si, base, "", "") }, h.addrRRs(base, ips, dns.TypeANY))
+		return h.records(qtype, ips, func() []dns.RR { return h.clusterSetSRV(si, base, "", "") }, func() []dns.RR { return h.addrRRs(base, ips, dns.TypeANY) })
 	case 4: // _<proto>.<svc>.<ns>.svc, or <cluster>.<svc>.<ns>.svc
 		l := labels[0]
 		if proto, ok := strings.CutPrefix(l, "_"); ok {
@@ -203,8 +202,9 @@ func (h *Handler) resolve(labels []string, qtype uint16) result {
 	return nxdomain
 }
 
-// records answers qtype at a name with addrs and, for SRV, srv().
-func (h *Handler) records(qtype uint16, addrs []netip.Addr, srv func() []dns.RR, extra []dns.RR) result {
+// records answers qtype at a name with addrs and, for SRV, srv() with the
+// targets' addresses of extra() (both computed only for SRV).
+func (h *Handler) records(qtype uint16, addrs []netip.Addr, srv, extra func() []dns.RR) result {
 	res := result{exists: true}
 	switch qtype {
 	case dns.TypeA, dns.TypeAAAA:
@@ -217,7 +217,9 @@ func (h *Handler) records(qtype uint16, addrs []netip.Addr, srv func() []dns.RR,
 	case dns.TypeSRV:
 		if srv != nil {
 			res.answer = srv()
-			res.extra = onlyTargets(extra, res.answer)
+			if extra != nil {
+				res.extra = onlyTargets(extra(), res.answer)
+			}
 		}
 	}
 	return res
@@ -393,9 +395,11 @@ func (h *Handler) endpoints(si *mcsv1beta1.ServiceImport, cluster, host string) 
 			if len(addrs) == 0 {
 				continue
 			}
-			name := dashed(addrs[0])
+			var name string
 			if ep.Hostname != nil && isLabel(*ep.Hostname) {
 				name = *ep.Hostname
+			} else {
+				name = dashed(addrs[0])
 			}
 			if host != "" && name != host {
 				continue
@@ -446,11 +450,28 @@ func (s endpointSet) extra(h *Handler, base string) []dns.RR {
 
 // dashed is an address as one DNS label: 10-1-2-3, fd00--1.
 func dashed(a netip.Addr) string {
-	return strings.NewReplacer(".", "-", ":", "-").Replace(a.String())
+	return strings.Map(func(r rune) rune {
+		if r == '.' || r == ':' {
+			return '-'
+		}
+		return r
+	}, a.String())
 }
 
 // isLabel reports whether s is a lower-case RFC 1123 DNS label, as
 // Kubernetes requires of hostnames and KEP-2149 of cluster IDs.
 func isLabel(s string) bool {
-	return len(validation.IsDNS1123Label(s)) == 0
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case c == '-' && i > 0 && i < len(s)-1:
+		default:
+			return false
+		}
+	}
+	return true
 }

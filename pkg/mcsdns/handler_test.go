@@ -3,6 +3,7 @@ package mcsdns
 import (
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
@@ -329,5 +331,56 @@ func TestForeignSlicesIgnored(t *testing.T) {
 	h := &Handler{Zone: DefaultZone, TTL: DefaultTTL, Lookup: store}
 	if m := query(h, "h.ns.svc.clusterset.local.", dns.TypeA); m.Rcode != dns.RcodeSuccess || len(m.Answer) != 0 {
 		t.Fatalf("got %s %v, want NODATA", dns.RcodeToString[m.Rcode], m.Answer)
+	}
+}
+
+// BenchmarkAnswer: one query against the caches, for a ClusterSetIP import
+// and for a headless import of 100 endpoints in 2 clusters (SRV: 100
+// records plus their addresses).
+func BenchmarkAnswer(b *testing.B) {
+	http := mcsv1beta1.ServicePort{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}
+	ports := []discoveryv1.EndpointPort{port("http", corev1.ProtocolTCP, 8080)}
+	objs := []any{
+		serviceImport("ns", "web", mcsv1beta1.ClusterSetIP, []string{"10.96.0.1"}, http),
+		serviceImport("ns", "db", mcsv1beta1.Headless, nil, http),
+	}
+	for c, cluster := range []string{"east", "west"} {
+		var eps []ep
+		for i := range 50 {
+			eps = append(eps, ep{addrs: []string{netipString(c, i)}, hostname: "db-" + strconv.Itoa(i)})
+		}
+		objs = append(objs, slice("ns", "db", cluster, "db-"+cluster, discoveryv1.AddressTypeIPv4, ports, eps...))
+	}
+	store, _, _ := newTestStore(b, objs...)
+	h := &Handler{Zone: DefaultZone, TTL: DefaultTTL, Lookup: store}
+	for _, bc := range []struct {
+		name  string
+		qname string
+		qtype uint16
+	}{
+		{"clustersetip-A", "web.ns.svc.clusterset.local.", dns.TypeA},
+		{"headless-100-A", "db.ns.svc.clusterset.local.", dns.TypeA},
+		{"headless-100-SRV", "_http._tcp.db.ns.svc.clusterset.local.", dns.TypeSRV},
+		{"headless-hostname-A", "db-7.west.db.ns.svc.clusterset.local.", dns.TypeA},
+		{"nxdomain", "nope.ns.svc.clusterset.local.", dns.TypeA},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := new(dns.Msg)
+			r.SetQuestion(bc.qname, bc.qtype)
+			for b.Loop() {
+				h.Answer(r)
+			}
+		})
+	}
+}
+
+func netipString(c, i int) string { return "10." + strconv.Itoa(60+c) + ".0." + strconv.Itoa(i+1) }
+
+// isLabel is Kubernetes' DNS-1123 label check, without its regexp.
+func TestIsLabel(t *testing.T) {
+	for _, s := range []string{"a", "db-0", "0", "10-1-0-6", "a-b-c", strings.Repeat("a", 63), "", "-a", "a-", "A", "a.b", "a_b", strings.Repeat("a", 64), "é"} {
+		if got, want := isLabel(s), len(validation.IsDNS1123Label(s)) == 0; got != want {
+			t.Errorf("isLabel(%q) = %v, want %v", s, got, want)
+		}
 	}
 }
