@@ -3,6 +3,7 @@
 # missing. Idempotent and quick when everything is present.
 #
 #   iptables wireguard-tools etcd-server iproute2 iputils-ping curl iperf3
+#   bind9-dnsutils (dig: meshd dns answers queried from a pod)
 #
 # --no-install-recommends matters: without it wireguard-tools pulls in systemd
 # and a kernel image.
@@ -18,6 +19,7 @@ declare -A need=(
 	[ping]=iputils-ping
 	[curl]=curl
 	[iperf3]=iperf3
+	[dig]=bind9-dnsutils
 	[unshare]=util-linux
 	[nsenter]=util-linux
 	[flock]=util-linux

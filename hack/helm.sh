@@ -46,7 +46,7 @@ cd "$ROOT"
 # lint output goes to stderr so stdout is only the rendered YAML.
 "$HELM" lint charts/meshd >&2
 "$HELM" lint charts/meshd >&2 \
-	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,mcsCRDs.install=true,namespace.create=true,clusterLinks.enabled=true \
+	--set userspaceSidecar=true,podMonitor.enabled=true,mirror.enabled=true,mcsCRDs.install=true,mcsDNS.enabled=true,namespace.create=true,clusterLinks.enabled=true \
 	--set metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,updateStrategy.maxUnavailable=10% \
 	--set 'serviceCIDRs={10.96.0.0/12}' --set 'meshCIDRs={10.4.0.0/16,fd6d:6573:6864::/64}'
 # The chart cannot read files outside its directory: its dashboard is a copy.

@@ -179,7 +179,7 @@ for p in "${plats[@]}"; do
 	log "building meshd and meshctl $VERSION for $p"
 	rm -rf "$out"
 	mkdir -p "$out"
-	CGO_ENABLED=0 GOFLAGS=-trimpath GOTOOLCHAIN=local GOOS=$os GOARCH=$arch \
+	CGO_ENABLED=0 GOFLAGS="-trimpath -tags=grpcnotrace" GOTOOLCHAIN=local GOOS=$os GOARCH=$arch \
 		$GO build -ldflags "-s -w -X main.version=$VERSION" -o "$out/" ./cmd/meshd ./cmd/meshctl
 	ref=$IMAGE
 	[[ ${#plats[@]} -gt 1 ]] && ref=$IMAGE-$arch

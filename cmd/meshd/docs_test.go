@@ -39,6 +39,11 @@ func flagsDoc() string {
 	lfs := newLinkFlagSet(&lc)
 	lfs.SetOutput(&b)
 	lfs.PrintDefaults()
+	b.WriteString("```\n\n## meshd dns\n\nSee [mcs-dns.md](mcs-dns.md).\n\n```\n")
+	var nc dnsConfig
+	nfs := newDNSFlagSet(&nc)
+	nfs.SetOutput(&b)
+	nfs.PrintDefaults()
 	b.WriteString("```\n")
 	return b.String()
 }

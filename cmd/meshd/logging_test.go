@@ -59,7 +59,7 @@ func TestLogFormat(t *testing.T) {
 // values with exit code 2.
 func TestLogFormatFlag(t *testing.T) {
 	t.Cleanup(klog.ClearLogger)
-	for _, sub := range [][]string{nil, {"device"}, {"cleanup"}, {"mirror"}} {
+	for _, sub := range [][]string{nil, {"device"}, {"cleanup"}, {"mirror"}, {"dns"}} {
 		var out, errb bytes.Buffer
 		args := append(append([]string{}, sub...), "--log-format", "xml")
 		if code := realMain(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), `--log-format "xml": want text or json`) {

@@ -34,6 +34,7 @@ Usage:
   meshd cleanup [flags]             remove the interface, routes, rules and iptables chains meshd owns
   meshd mirror [flags]              mirror exported Services of linked clusters (see meshd mirror --help)
   meshd link [flags]                the link controller: watch linked clusters once, write ClusterLinks (see meshd link --help)
+  meshd dns [flags]                 answer clusterset.local DNS for ServiceImports (see meshd dns --help)
   meshd version (or meshd --version) print the version
 
 Flags of the node daemon (cleanup takes the same):
@@ -58,6 +59,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return mirrorCommand().main(args[1:], stderr)
 		case "link":
 			return linkCommand().main(args[1:], stderr)
+		case "dns":
+			return dnsCommand().main(args[1:], stderr)
 		case "version", "--version":
 			fmt.Fprintln(stdout, version)
 			return 0

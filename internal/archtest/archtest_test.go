@@ -188,6 +188,32 @@ var rules = []rule{{
 		}
 		return "", false
 	},
+}, {
+	name: "pkg/mcsdns (meshd dns) uses no other meshd package, and of CoreDNS only its server and plugin API: no bundled plugin, no coremain",
+	dirs: []string{"pkg/mcsdns"},
+	forbidden: func(imp string) (string, bool) {
+		switch {
+		case hasPathPrefix(imp, module):
+			return "a meshd package", true
+		case imp == "github.com/coredns/coredns/core/dnsserver", imp == "github.com/coredns/coredns/plugin":
+			return "", false
+		case hasPathPrefix(imp, "github.com/coredns"):
+			return "a CoreDNS package beyond core/dnsserver and plugin (every plugin imported grows the binary)", true
+		}
+		return "", false
+	},
+}, {
+	name:       "nothing links CoreDNS's plugin bundle or its command line",
+	dirs:       []string{"cmd", "pkg"},
+	transitive: true,
+	forbidden: func(imp string) (string, bool) {
+		for _, p := range []string{"github.com/coredns/coredns/core/plugin", "github.com/coredns/coredns/coremain"} {
+			if hasPathPrefix(imp, p) {
+				return "CoreDNS's all-plugins bundle or coremain (import only the plugins used)", true
+			}
+		}
+		return "", false
+	},
 }}
 
 // TestImportRules checks the layering that docs/architecture.md describes.
@@ -228,6 +254,8 @@ func TestRulesCatch(t *testing.T) {
 		rules[2].name: {bad: []string{module + "/pkg/wg", module + "/pkg/route", module + "/pkg/iptables"}, good: []string{module + "/pkg/k8s", module + "/pkg/routeX"}},
 		rules[3].name: {bad: []string{module + "/pkg/wg", module + "/pkg/probe", "github.com/vishvananda/netlink", "golang.zx2c4.com/wireguard/device"}, good: []string{wgtypes, module + "/pkg/mesh", module + "/pkg/k8s/convert", "k8s.io/client-go/kubernetes"}},
 		rules[4].name: {bad: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netlink/nl", "golang.zx2c4.com/wireguard/wgctrl", "golang.org/x/sys/unix", "github.com/coreos/go-iptables/iptables"}, good: []string{wgtypes, module + "/pkg/route"}},
+		rules[5].name: {bad: []string{module + "/pkg/k8s", "github.com/coredns/coredns/plugin/forward", "github.com/coredns/coredns/core/plugin", "github.com/coredns/caddy"}, good: []string{"github.com/coredns/coredns/core/dnsserver", "github.com/coredns/coredns/plugin", "github.com/miekg/dns", "k8s.io/client-go/tools/cache"}},
+		rules[6].name: {bad: []string{"github.com/coredns/coredns/core/plugin", "github.com/coredns/coredns/coremain"}, good: []string{"github.com/coredns/coredns/core/dnsserver", "github.com/coredns/coredns/core/pluginx"}},
 	}
 	if len(cases) != len(rules) {
 		t.Fatalf("%d rules, %d checked here", len(rules), len(cases))

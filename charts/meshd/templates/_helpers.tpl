@@ -30,6 +30,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: link
 {{- end -}}
 
+{{- define "meshd.mcsDNSSelectorLabels" -}}
+app.kubernetes.io/name: meshd
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: mcs-dns
+{{- end -}}
+
 {{- define "meshd.image" -}}
 {{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
