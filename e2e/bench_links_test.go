@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -72,7 +73,9 @@ func TestBenchLinks(t *testing.T) {
 	settle, window := dur("BENCH_LINK_SETTLE", 20*time.Second), dur("BENCH_LINK_WINDOW", 2*time.Minute)
 
 	s := newScenario(t, false)
-	ctx := s.ctx
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour) // longer than a scenario's default
+	t.Cleanup(cancel)
+	s.ctx = ctx
 	hb, err := tb.StartFakeHeartbeats(ctx, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
