@@ -24,7 +24,7 @@ func TestOptionsValidation(t *testing.T) {
 	for _, ok := range [][]string{
 		{"--lease-duration=2s"}, {"--lease-duration=1h"}, {"--resync-period=1s"},
 		{"--listen=127.0.0.1:0"}, {"--listen=[::1]:9477"}, {"--topology-label=example.com/zone"},
-		{"--service-cidr=10.96.0.0/12", "--mesh-cidr=10.4.0.0/16"},
+		{"--service-cidr=10.96.0.0/12", "--mesh-cidr=10.4.0.0/16"}, {"--debug-pprof=127.0.0.1:6060"},
 	} {
 		if err := parse(t, ok...); err != nil {
 			t.Errorf("%v rejected: %v", ok, err)
@@ -47,6 +47,7 @@ func TestOptionsValidation(t *testing.T) {
 		{[]string{"--topology-label=bad label"}, `--topology-label "bad label"`},
 		{[]string{"--state-dir="}, "--state-dir is empty"},
 		{[]string{"--listen=9477"}, `--listen "9477"`},
+		{[]string{"--debug-pprof=6060"}, `--debug-pprof "6060": want [host]:port`},
 		{[]string{"--listen=:99999"}, `--listen ":99999": bad port`},
 		{[]string{"--kubeconfig=/nonexistent/kubeconfig"}, "--kubeconfig: stat /nonexistent/kubeconfig"},
 		{[]string{"--service-cidr=10.4.0.0/24"}, "--service-cidr 10.4.0.0/24 overlaps --mesh-cidr 10.4.0.0/16"},
