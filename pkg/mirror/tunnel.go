@@ -1,0 +1,153 @@
+package mirror
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"meshd.io/meshd/pkg/k8s/liveness"
+)
+
+// leaseHealth is the ClusterHealth meshd mirror uses by default: it reads
+// the tunnel reports the local meshd nodes publish on their own heartbeat
+// Leases (meshd.io/clusters-up/-down: location leaders probe the linked
+// clusters' leaders through the WireGuard tunnels) and judges them with
+// liveness.JudgeClusters: a cluster is down when a strict majority of the
+// live local nodes reporting on it say down. A Lease not renewed for its
+// leaseDurationSeconds (on this process's clock) does not vote; a cluster
+// no live node reports on is unknown, and its endpoints keep following the
+// remote API alone.
+type leaseHealth struct {
+	live *nodeLiveness
+
+	mu      sync.Mutex
+	reports map[string]liveness.Report
+	judged  map[string]bool
+}
+
+func newLeaseHealth(now func() time.Time) *leaseHealth {
+	return &leaseHealth{live: newNodeLiveness(now), reports: map[string]liveness.Report{}, judged: map[string]bool{}}
+}
+
+// Reachable implements ClusterHealth.
+func (h *leaseHealth) Reachable(cluster string) (up, known bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	up, known = h.judged[cluster]
+	return up, known
+}
+
+func (h *leaseHealth) observe(o any) {
+	lease, ok := o.(*coordinationv1.Lease)
+	if !ok || lease.Labels[liveness.LabelManagedBy] != liveness.ManagedBy {
+		return
+	}
+	node, ok := liveness.NodeNameFromLease(lease)
+	if !ok {
+		return
+	}
+	h.live.observe(o)
+	h.mu.Lock()
+	h.reports[node] = liveness.ReportFromLease(lease)
+	h.mu.Unlock()
+}
+
+func (h *leaseHealth) forget(o any) {
+	h.live.forget(o)
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	if lease, ok := o.(*coordinationv1.Lease); ok {
+		if node, ok := liveness.NodeNameFromLease(lease); ok {
+			h.mu.Lock()
+			delete(h.reports, node)
+			h.mu.Unlock()
+		}
+	}
+}
+
+// recompute judges again; it returns the clusters whose judgement changed
+// (became down, came back up, or became known or unknown), sorted.
+func (h *leaseHealth) recompute() (changed []string) {
+	h.live.recompute()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	leaseLive := make(map[string]bool, len(h.reports))
+	for n := range h.reports {
+		leaseLive[n] = !h.live.isDead(n)
+	}
+	next := liveness.JudgeClusters(leaseLive, h.reports)
+	for c, up := range next {
+		if old, ok := h.judged[c]; !ok || old != up {
+			changed = append(changed, c)
+		}
+	}
+	for c := range h.judged {
+		if _, ok := next[c]; !ok {
+			changed = append(changed, c)
+		}
+	}
+	h.judged = next
+	slices.Sort(changed)
+	return changed
+}
+
+func (h *leaseHealth) down() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, c := range slices.Sorted(maps.Keys(h.judged)) {
+		if !h.judged[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// runTunnelHealth watches the local heartbeat Leases and queues every
+// source cluster's imports when a tunnel judgement changes: at once on a
+// Lease change, and at least every second (a Lease expiring).
+func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth) {
+	f := informers.NewSharedInformerFactoryWithOptions(c.local, c.opts.Resync, informers.WithNamespace(c.opts.LeaseNamespace))
+	inf := f.Coordination().V1().Leases().Informer()
+	kick := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { h.observe(o); poke() },
+		UpdateFunc: func(_, o any) { h.observe(o); poke() },
+		DeleteFunc: func(o any) { h.forget(o); poke() },
+	})
+	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		c.log.Debug("cannot watch the local heartbeat Leases; tunnel health unknown, endpoints follow the source clusters' APIs", "namespace", c.opts.LeaseNamespace, "error", err)
+	})
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-kick:
+		}
+		if changed := h.recompute(); len(changed) > 0 {
+			c.log.Info("tunnel health of source clusters changed; updating their imported endpoints", "changed", changed, "down", h.down())
+			c.mu.Lock()
+			for _, r := range c.remotes {
+				c.mcs.enqueueSource(r)
+			}
+			c.mu.Unlock()
+		}
+	}
+}
