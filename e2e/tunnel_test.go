@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,16 @@ func TestEndpointsFollowTheTunnel(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("E2E_DIAG") != "" {
 			t.Logf("----- mirror-c2-tunnel log (last 80 lines)\n%s", testbed.Tail(p.LogPath, 80))
+			for _, n := range b.all() {
+				data, _ := os.ReadFile(filepath.Join(n.Dir, "meshd.log"))
+				var lines []string
+				for _, l := range strings.Split(string(data), "\n") {
+					if strings.Contains(l, "tunnel") || strings.Contains(l, "ICMP") {
+						lines = append(lines, l)
+					}
+				}
+				t.Logf("----- %s: meshd's tunnel probe lines\n%s", n.Name, strings.Join(lines, "\n"))
+			}
 		}
 	})
 	ensureNamespace(ctx, t, c1.kube, mcsNS)

@@ -409,7 +409,7 @@ func (d *daemon) Run(ctx context.Context) error {
 		add(d.prober.Run)
 	}
 	if d.tunnel != nil {
-		add(d.tunnel.Run)
+		add(d.runTunnelProbes)
 	}
 	if d.cfg.DebugPprof != "" { // opt-in Go profiles
 		add(func(pctx context.Context) error { return servePprof(pctx, d.log, d.cfg.DebugPprof) })

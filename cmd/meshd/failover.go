@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
@@ -145,6 +146,20 @@ func tunnelTargets(peers map[string][]mesh.Peer, meshCIDRs map[string][]netip.Pr
 	return out
 }
 
+// linkMeshCIDRs are a linked cluster's mesh CIDRs, from its ClusterLink's
+// spec (unparsable entries skipped: they only narrow the tunnel probes).
+func linkMeshCIDRs(rc clusterlink.Remote) []netip.Prefix {
+	out := slices.Clone(rc.Link.MeshCIDRs)
+	if rc.Object != nil {
+		for _, s := range rc.Object.Spec.MeshCIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil && !slices.Contains(out, p.Masked()) {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
+}
+
 // clusterReport turns the tunnel prober's results (targets named
 // <cluster>/<address>) into the linked clusters that answer and those that
 // stopped: a cluster is up when any of its targets is up, down when none is
@@ -238,6 +253,17 @@ func (d *daemon) setupFailover(rulePriority int) error {
 		return fmt.Errorf("tunnel probes: %w", err)
 	}
 	d.tunnel = t
+	return nil
+}
+
+// runTunnelProbes runs the tunnel prober. Without its ICMP socket (no
+// CAP_NET_RAW) only this signal is lost: the tunnels stay unknown and the
+// mirrors follow the source APIs alone.
+func (d *daemon) runTunnelProbes(ctx context.Context) error {
+	if err := d.tunnel.Run(ctx); err != nil {
+		d.log.Warn("tunnel probes off: the linked clusters' tunnels are not reported", "error", err)
+		<-ctx.Done()
+	}
 	return nil
 }
 

@@ -204,7 +204,9 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		if plan.Leader {
 			ts = tunnelTargets(r.linkPeers, r.linkMesh)
 		}
-		r.tunnel.SetTargets(ts)
+		if r.tunnel.SetTargets(ts) {
+			r.log.Info("tunnel probe targets changed", "targets", len(ts), "leader", plan.Leader)
+		}
 	}
 	r.reportWarnings(in.self, plan.Warnings)
 
@@ -407,7 +409,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		if r.linkMesh == nil {
 			r.linkMesh = map[string][]netip.Prefix{}
 		}
-		r.linkMesh[name] = rc.Link.MeshCIDRs
+		r.linkMesh[name] = linkMeshCIDRs(rc)
 		peers = append(peers, ps...)
 	}
 	r.metrics.setLinks(states)
