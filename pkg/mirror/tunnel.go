@@ -21,25 +21,38 @@ import (
 // live local nodes reporting on it say down. A Lease not renewed for its
 // leaseDurationSeconds (on this process's clock) does not vote; a cluster
 // no live node reports on is unknown, and its endpoints keep following the
-// remote API alone.
+// remote API alone. A down verdict that turns unknown (the leader restarted
+// and has not heard the cluster yet, or its Lease went stale) is held for
+// tunnelHold, so a restart during an outage does not make the endpoints
+// ready again.
 type leaseHealth struct {
 	live *nodeLiveness
+	now  func() time.Time
 
 	mu      sync.Mutex
 	reports map[string]liveness.Report
 	judged  map[string]bool
+	held    map[string]time.Time // down verdicts gone unknown, until when they hold
 }
 
+// tunnelHold is how long a down verdict outlives its reports.
+const tunnelHold = 2 * time.Minute
+
 func newLeaseHealth(now func() time.Time) *leaseHealth {
-	return &leaseHealth{live: newNodeLiveness(now), reports: map[string]liveness.Report{}, judged: map[string]bool{}}
+	return &leaseHealth{live: newNodeLiveness(now), now: now, reports: map[string]liveness.Report{}, judged: map[string]bool{}, held: map[string]time.Time{}}
 }
 
 // Reachable implements ClusterHealth.
 func (h *leaseHealth) Reachable(cluster string) (up, known bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	up, known = h.judged[cluster]
-	return up, known
+	if up, known = h.judged[cluster]; known {
+		return up, known
+	}
+	if until, ok := h.held[cluster]; ok && h.now().Before(until) {
+		return false, true
+	}
+	return false, false
 }
 
 func (h *leaseHealth) observe(o any) {
@@ -82,13 +95,25 @@ func (h *leaseHealth) recompute() (changed []string) {
 		leaseLive[n] = !h.live.isDead(n)
 	}
 	next := liveness.JudgeClusters(leaseLive, h.reports)
+	now := h.now()
 	for c, up := range next {
+		delete(h.held, c)
 		if old, ok := h.judged[c]; !ok || old != up {
 			changed = append(changed, c)
 		}
 	}
-	for c := range h.judged {
+	for c, up := range h.judged {
 		if _, ok := next[c]; !ok {
+			if up {
+				changed = append(changed, c)
+			} else {
+				h.held[c] = now.Add(tunnelHold) // still down for the endpoints
+			}
+		}
+	}
+	for c, until := range h.held {
+		if !now.Before(until) {
+			delete(h.held, c)
 			changed = append(changed, c)
 		}
 	}
@@ -105,6 +130,9 @@ func (h *leaseHealth) down() []string {
 		if !h.judged[c] {
 			out = append(out, c)
 		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(h.held)) {
+		out = append(out, c+" (held)")
 	}
 	return out
 }
