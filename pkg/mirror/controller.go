@@ -271,11 +271,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	close(c.localSynced)
 	c.log.Info("mirroring", "workers", c.opts.Workers, "grace", c.opts.GracePeriod, "suffix", c.opts.NameSuffix, "mirrors", !c.opts.NoMirrors, "mcs", c.mcs != nil)
 	var wg sync.WaitGroup
+	if c.tunnel != nil {
+		synced := make(chan struct{})
+		wg.Go(func() { c.runTunnelHealth(ctx, c.tunnel, synced) })
+		select {
+		case <-synced:
+		case <-time.After(tunnelSyncWait):
+			c.log.Warn("the local heartbeat Leases did not sync; tunnel health unknown until they do", "namespace", c.opts.LeaseNamespace)
+		case <-ctx.Done():
+		}
+	}
 	if c.mcs != nil {
 		wg.Go(func() { c.mcs.run(ctx) })
-	}
-	if c.tunnel != nil {
-		wg.Go(func() { c.runTunnelHealth(ctx, c.tunnel) })
 	}
 	for range c.opts.Workers {
 		wg.Go(func() {

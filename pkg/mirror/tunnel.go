@@ -137,10 +137,16 @@ func (h *leaseHealth) down() []string {
 	return out
 }
 
+// tunnelSyncWait bounds how long the MCS workers wait for the local Leases
+// (a mirror that may not list them only loses this signal).
+const tunnelSyncWait = 10 * time.Second
+
 // runTunnelHealth watches the local heartbeat Leases and queues every
 // source cluster's imports when a tunnel judgement changes: at once on a
-// Lease change, and at least every second (a Lease expiring).
-func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth) {
+// Lease change, and at least every second (a Lease expiring). It closes
+// synced after the first judgement from a synced cache, so a restarted
+// mirror does not write endpoints ready before it knows the tunnels.
+func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth, synced chan<- struct{}) {
 	f := informers.NewSharedInformerFactoryWithOptions(c.local, c.opts.Resync, informers.WithNamespace(c.opts.LeaseNamespace))
 	inf := f.Coordination().V1().Leases().Informer()
 	kick := make(chan struct{}, 1)
@@ -160,6 +166,11 @@ func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth) {
 	})
 	f.Start(ctx.Done())
 	defer f.Shutdown()
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			poke()
+		}
+	}()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -169,7 +180,12 @@ func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth) {
 		case <-t.C:
 		case <-kick:
 		}
-		if changed := h.recompute(); len(changed) > 0 {
+		changed := h.recompute()
+		if synced != nil && inf.HasSynced() {
+			close(synced)
+			synced = nil
+		}
+		if len(changed) > 0 {
 			c.log.Info("tunnel health of source clusters changed; updating their imported endpoints", "changed", changed, "down", h.down())
 			c.mu.Lock()
 			for _, r := range c.remotes {
