@@ -66,7 +66,10 @@ type daemon struct {
 	clusterLinks cache.SharedIndexInformer
 	stopEvents   func() // flushes and stops the Event broadcaster
 	// prober and probeChanged: the data-plane failover signal (failover.go).
-	prober       *probe.Prober
+	prober *probe.Prober
+	// tunnel probes the linked clusters' leaders through the tunnels
+	// (ICMP to their mesh addresses; failover.go).
+	tunnel       *probe.Prober
 	probeChanged chan struct{}
 	filter       nodeFilter
 	peerStatus   *convert.PeerStatusWriter
@@ -183,6 +186,9 @@ func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) erro
 	}
 	if d.prober != nil {
 		p.prober, p.probePort = d.prober, c.ProbePort
+	}
+	if d.tunnel != nil {
+		p.tunnel = d.tunnel
 	}
 	d.rec = newReconciler(p)
 	return nil
@@ -401,6 +407,9 @@ func (d *daemon) Run(ctx context.Context) error {
 	add(d.runHeartbeat)
 	if d.prober != nil {
 		add(d.prober.Run)
+	}
+	if d.tunnel != nil {
+		add(d.runTunnelProbes)
 	}
 	if d.cfg.DebugPprof != "" { // opt-in Go profiles
 		add(func(pctx context.Context) error { return servePprof(pctx, d.log, d.cfg.DebugPprof) })

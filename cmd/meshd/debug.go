@@ -100,6 +100,11 @@ func (d *daemon) debugState() nodestate.State {
 			s.Probes.Targets[name] = st.String()
 		}
 	}
+	if d.tunnel != nil { // tunnel probes: <cluster>/<mesh address>
+		for name, st := range d.tunnel.Results() {
+			s.Probes.Targets[name] = st.String()
+		}
+	}
 	return s
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
@@ -104,12 +106,90 @@ func boolFirst(a, b bool) int {
 	return 1
 }
 
-// probeReport turns the prober's results into the report published on the
-// heartbeat Lease.
-func probeReport(p *probe.Prober) func() liveness.Report {
+// Tunnel probes: a location leader sends ICMP echo requests, unmarked, to
+// the mesh addresses of every linked cluster's leaders, so they cross the
+// WireGuard tunnel and the answers come back through it. At the probe
+// interval (500 ms); a target silent for tunnelDownAfter is down, and back
+// up on its first answer. A cluster is down when at least one of its targets
+// is down and none is up (clusterReport); the node publishes that on its
+// Lease (meshd.io/clusters-up/-down), where meshd mirror reads it.
+const (
+	tunnelDownAfter = 3 * time.Second
+	// tunnelTargetsPerCluster caps the mesh addresses probed per linked
+	// cluster.
+	tunnelTargetsPerCluster = 8
+)
+
+// tunnelTargets are the tunnel probe targets: in every linked cluster (by
+// name), the IPv4 mesh addresses its leaders' peers route (their allowed
+// IPs inside the cluster's mesh CIDRs: a leader's own mesh address, and
+// its members' when they have one), named <cluster>/<address>.
+func tunnelTargets(peers map[string][]mesh.Peer, meshCIDRs map[string][]netip.Prefix) []probe.Target {
+	var out []probe.Target
+	for _, cluster := range slices.Sorted(maps.Keys(peers)) {
+		n := 0
+		for _, p := range peers[cluster] {
+			for _, a := range p.AllowedIPs {
+				if !a.Addr().Is4() || !slices.ContainsFunc(meshCIDRs[cluster], func(m netip.Prefix) bool { return m.Bits() <= a.Bits() && m.Contains(a.Addr()) }) {
+					continue
+				}
+				for ip := a.Masked().Addr(); n < tunnelTargetsPerCluster && a.Contains(ip); ip = ip.Next() {
+					if a.Bits() < 31 && (ip == a.Masked().Addr()) {
+						continue // a network address answers nothing
+					}
+					out = append(out, probe.Target{Name: cluster + "/" + ip.String(), Addr: netip.AddrPortFrom(ip, 0)})
+					n++
+				}
+			}
+		}
+	}
+	return out
+}
+
+// linkMeshCIDRs are a linked cluster's mesh CIDRs, from its ClusterLink's
+// spec (unparsable entries skipped: they only narrow the tunnel probes).
+func linkMeshCIDRs(rc clusterlink.Remote) []netip.Prefix {
+	out := slices.Clone(rc.Link.MeshCIDRs)
+	if rc.Object != nil {
+		for _, s := range rc.Object.Spec.MeshCIDRs {
+			if p, err := netip.ParsePrefix(s); err == nil && !slices.Contains(out, p.Masked()) {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
+}
+
+// clusterReport turns the tunnel prober's results (targets named
+// <cluster>/<address>) into the linked clusters that answer and those that
+// stopped: a cluster is up when any of its targets is up, down when none is
+// up and one is down (it answered before), unknown otherwise.
+func clusterReport(results map[string]probe.State) (up, down []string) {
+	state := map[string]probe.State{}
+	for name, s := range results {
+		c, _, ok := strings.Cut(name, "/")
+		if !ok {
+			continue
+		}
+		if s == probe.Up || state[c] == probe.Unknown {
+			state[c] = s
+		}
+	}
+	return probe.Split(state)
+}
+
+// probeReport turns the probers' results into the report published on the
+// heartbeat Lease; tunnel may be nil.
+func probeReport(p, tunnel *probe.Prober) func() liveness.Report {
 	return func() liveness.Report {
-		up, down := probe.Split(p.Results())
-		return liveness.Report{Up: up, Down: down}
+		var r liveness.Report
+		if p != nil {
+			r.Up, r.Down = probe.Split(p.Results())
+		}
+		if tunnel != nil {
+			r.ClustersUp, r.ClustersDown = clusterReport(tunnel.Results())
+		}
+		return r
 	}
 }
 
@@ -159,6 +239,31 @@ func (d *daemon) setupFailover(rulePriority int) error {
 		return fmt.Errorf("--probe-port: %w", err)
 	}
 	d.prober = p
+	t, err := probe.New(probe.Options{
+		Port: d.cfg.ProbePort, ICMP: true, DownAfter: tunnelDownAfter, UpAfter: 1,
+		OnChange: func() {
+			select {
+			case d.probeChanged <- struct{}{}:
+			default:
+			}
+		},
+		Logger: d.log.With("probes", "tunnel"),
+	})
+	if err != nil {
+		return fmt.Errorf("tunnel probes: %w", err)
+	}
+	d.tunnel = t
+	return nil
+}
+
+// runTunnelProbes runs the tunnel prober. Without its ICMP socket (no
+// CAP_NET_RAW) only this signal is lost: the tunnels stay unknown and the
+// mirrors follow the source APIs alone.
+func (d *daemon) runTunnelProbes(ctx context.Context) error {
+	if err := d.tunnel.Run(ctx); err != nil {
+		d.log.Warn("tunnel probes off: the linked clusters' tunnels are not reported", "error", err)
+		<-ctx.Done()
+	}
 	return nil
 }
 
@@ -180,7 +285,7 @@ func (d *daemon) runHeartbeat(ctx context.Context) error {
 		},
 	}
 	if d.prober != nil {
-		o.Report, o.Trigger = probeReport(d.prober), d.probeChanged
+		o.Report, o.Trigger = probeReport(d.prober, d.tunnel), d.probeChanged
 	}
 	return liveness.RunHeartbeatWith(ctx, d.kube.Kube, o)
 }

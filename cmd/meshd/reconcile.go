@@ -74,6 +74,7 @@ type reconciler struct {
 	// prober, when set, gets the probe targets of every plan (failover.go).
 	prober    probeSetter
 	probePort int
+	tunnel    probeSetter // tunnel probes (failover.go), nil: none
 	metrics   *metrics
 
 	mu          sync.Mutex
@@ -87,6 +88,9 @@ type reconciler struct {
 	// linkPeers are the last known peers of every linked cluster, by link
 	// Secret name (persisted with the plan).
 	linkPeers map[string][]mesh.Peer
+	// linkMesh are the mesh CIDRs of every linked cluster with known peers
+	// (where its leaders' tunnel probe addresses are).
+	linkMesh map[string][]netip.Prefix
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered convert.DiscoveredEndpoints
@@ -194,6 +198,15 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	}
 	if r.prober != nil {
 		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
+	}
+	if r.tunnel != nil {
+		var ts []probe.Target
+		if plan.Leader {
+			ts = tunnelTargets(r.linkPeers, r.linkMesh)
+		}
+		if r.tunnel.SetTargets(ts) {
+			r.log.Info("tunnel probe targets changed", "targets", len(ts), "leader", plan.Leader)
+		}
 	}
 	r.reportWarnings(in.self, plan.Warnings)
 
@@ -393,12 +406,17 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		r.report(rc.Object, id, clusterlink.RefusalEventReason(problems), problems)
 		states[name] = linkState{expires: rc.TokenExpires, refused: problems}
 		r.linkPeers[name] = ps
+		if r.linkMesh == nil {
+			r.linkMesh = map[string][]netip.Prefix{}
+		}
+		r.linkMesh[name] = linkMeshCIDRs(rc)
 		peers = append(peers, ps...)
 	}
 	r.metrics.setLinks(states)
 	for name := range r.linkPeers {
 		if !seen["link/"+name] {
 			delete(r.linkPeers, name) // unlinked
+			delete(r.linkMesh, name)
 		}
 	}
 	r.forgetReports("link/", seen)

@@ -97,7 +97,10 @@ type reconcilerParts struct {
 	// prober, when set, gets the probe targets of every plan.
 	prober    probeSetter
 	probePort int
-	stateDir  string // "" persists nothing
+	// tunnel, when set, gets the tunnel probe targets (linked clusters'
+	// leaders) while this node leads its location.
+	tunnel   probeSetter
+	stateDir string // "" persists nothing
 	// nextKey is a key rotation's next key found on disk at start (zero:
 	// none; rotate.go).
 	nextKey wgtypes.Key
@@ -116,7 +119,7 @@ func newReconciler(p reconcilerParts) *reconciler {
 		executors: p.executors,
 		reporter:  reporter{log: p.log, events: p.events},
 		kube:      p.kube,
-		prober:    p.prober, probePort: p.probePort,
+		prober:    p.prober, probePort: p.probePort, tunnel: p.tunnel,
 		metrics:  p.metrics,
 		stateDir: p.stateDir,
 		nextKey:  p.nextKey, peerStatus: p.peerStatus, settings: p.settings,

@@ -118,9 +118,12 @@ type Controller struct {
 	// mirrors of other clusters are orphans to delete.
 	allKnown atomic.Bool
 
-	mu        sync.Mutex
-	ctx       context.Context // set by Run
-	remotes   map[string]*remote
+	mu      sync.Mutex
+	ctx     context.Context // set by Run
+	remotes map[string]*remote
+	// tunnel is the default Options.Health (tunnel.go), nil when Health
+	// was given or there are no local Leases to read.
+	tunnel    *leaseHealth
 	removed   map[string]bool             // clusters removed by RemoveRemote
 	pending   map[Key]time.Time           // first unsynced remote change
 	blocked   map[string]map[Key]struct{} // "ns/name" (clash) or "ns:" (namespace) → keys waiting
@@ -153,6 +156,10 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 	}
 	if opts.ClusterID != "" && opts.LocalDynamic != nil {
 		c.mcs = newMCS(c)
+		if c.opts.Health == nil && c.opts.LeaseNamespace != "" {
+			c.tunnel = newLeaseHealth(c.now)
+			c.opts.Health = c.tunnel
+		}
 	}
 	c.factory = informers.NewSharedInformerFactory(local, opts.Resync)
 	c.sliceFactory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync,
@@ -264,6 +271,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	close(c.localSynced)
 	c.log.Info("mirroring", "workers", c.opts.Workers, "grace", c.opts.GracePeriod, "suffix", c.opts.NameSuffix, "mirrors", !c.opts.NoMirrors, "mcs", c.mcs != nil)
 	var wg sync.WaitGroup
+	if c.tunnel != nil {
+		synced := make(chan struct{})
+		wg.Go(func() { c.runTunnelHealth(ctx, c.tunnel, synced) })
+		select {
+		case <-synced:
+		case <-time.After(tunnelSyncWait):
+			c.log.Warn("the local heartbeat Leases did not sync; tunnel health unknown until they do", "namespace", c.opts.LeaseNamespace)
+		case <-ctx.Done():
+		}
+	}
 	if c.mcs != nil {
 		wg.Go(func() { c.mcs.run(ctx) })
 	}

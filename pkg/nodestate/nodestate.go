@@ -104,7 +104,8 @@ type Kernel struct {
 	Errors   []string `json:"errors,omitempty"`
 }
 
-// Probes are the prober's results by target node: "up" or "down".
+// Probes are the prober's results by target node: "up" or "down"; the
+// tunnel probes' targets are named <cluster>/<mesh address>.
 type Probes struct {
 	Port    int               `json:"port"`
 	Targets map[string]string `json:"targets"`

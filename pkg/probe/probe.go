@@ -103,6 +103,14 @@ type Options struct {
 	Logger   *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// ICMP makes the probes ICMP echo requests (IPv4) to the targets'
+	// addresses (their ports are ignored), answered by the targets'
+	// kernels, and this Prober answers nothing. With Mark 0 they follow the
+	// routing of any traffic: sent to a node's mesh address in another
+	// cluster, they test the WireGuard tunnel to it (a UDP probe could not:
+	// its answer leaves the responder's marked socket by the underlay). It
+	// needs CAP_NET_RAW.
+	ICMP bool
 }
 
 type target struct {
@@ -166,6 +174,9 @@ func (p *Prober) SetTargets(ts []Target) bool {
 			continue
 		}
 		t.Addr = netip.AddrPortFrom(t.Addr.Addr().Unmap(), t.Addr.Port())
+		if p.o.ICMP {
+			t.Addr = netip.AddrPortFrom(t.Addr.Addr(), 0)
+		}
 		if old, ok := p.targets[t.Name]; ok && old.addr == t.Addr {
 			next[t.Name] = old
 			continue
@@ -246,6 +257,9 @@ func decode(b []byte) (kind byte, seq uint64, ok bool) {
 // Run answers and sends probes until ctx ends. It fails only if the port
 // cannot be bound.
 func (p *Prober) Run(ctx context.Context) error {
+	if p.o.ICMP {
+		return p.runICMP(ctx)
+	}
 	lc := net.ListenConfig{}
 	if mark := p.o.Mark; mark != 0 {
 		if err := ensureBypass(mark, p.o.RulePriority); err != nil {
@@ -271,13 +285,19 @@ func (p *Prober) Run(ctx context.Context) error {
 	conn := pc.(*net.UDPConn)
 	defer conn.Close()
 	p.log.Info("answering and sending data-plane probes", "port", p.o.Port, "mark", fmt.Sprintf("%#x", p.o.Mark), "interval", p.o.Interval, "down-after", p.o.DownAfter)
+	return p.loop(ctx, conn, func() { p.receive(ctx, conn) }, func() { p.send(conn) })
+}
+
+// loop runs receive in its own goroutine and sends every interval (or when
+// the targets change) until ctx ends, then closes conn.
+func (p *Prober) loop(ctx context.Context, conn net.PacketConn, receive, send func()) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); p.receive(ctx, conn) }()
+	go func() { defer wg.Done(); receive() }()
 	t := time.NewTicker(p.o.Interval)
 	defer t.Stop()
 	for {
-		p.send(conn)
+		send()
 		if p.expire() {
 			p.changed()
 		}

@@ -19,20 +19,34 @@ const (
 	AnnotationProbeUp = convert.AnnotationPrefix + "probe-up"
 	// AnnotationProbeDown lists the nodes that answered before and stopped.
 	AnnotationProbeDown = convert.AnnotationPrefix + "probe-down"
+	// AnnotationClustersUp lists the linked clusters whose tunnel this node
+	// (a location leader) probes and that answer through it.
+	AnnotationClustersUp = convert.AnnotationPrefix + "clusters-up"
+	// AnnotationClustersDown lists the linked clusters whose tunnel answered
+	// this node's probes before and has stopped: none of the cluster's
+	// probed leaders answered for the tunnel probes' down time.
+	AnnotationClustersDown = convert.AnnotationPrefix + "clusters-down"
 )
 
-// Report is what one node says about the others it probes.
+// Report is what one node says about the others it probes: nodes of its
+// own cluster (Up, Down) and the tunnels to linked clusters (ClustersUp,
+// ClustersDown). A name in neither list is unknown to the node.
 type Report struct {
-	Up, Down []string
+	Up, Down                 []string
+	ClustersUp, ClustersDown []string
 }
 
 // ReportFromLease reads the probe results published on a heartbeat Lease.
 func ReportFromLease(l *coordinationv1.Lease) Report {
-	return Report{Up: convert.SplitList(l.Annotations[AnnotationProbeUp]), Down: convert.SplitList(l.Annotations[AnnotationProbeDown])}
+	return Report{
+		Up: convert.SplitList(l.Annotations[AnnotationProbeUp]), Down: convert.SplitList(l.Annotations[AnnotationProbeDown]),
+		ClustersUp: convert.SplitList(l.Annotations[AnnotationClustersUp]), ClustersDown: convert.SplitList(l.Annotations[AnnotationClustersDown]),
+	}
 }
 
 func (r Report) equal(o Report) bool {
-	return slices.Equal(r.Up, o.Up) && slices.Equal(r.Down, o.Down)
+	return slices.Equal(r.Up, o.Up) && slices.Equal(r.Down, o.Down) &&
+		slices.Equal(r.ClustersUp, o.ClustersUp) && slices.Equal(r.ClustersDown, o.ClustersDown)
 }
 
 // Judge decides which nodes can carry traffic. It is pure: every node
@@ -380,5 +394,8 @@ func (l *Liveness) evaluate(now time.Time) Decision {
 
 // ReportAnnotations are the Lease annotations publishing a probe report.
 func ReportAnnotations(r Report) map[string]string {
-	return map[string]string{AnnotationProbeUp: strings.Join(r.Up, ","), AnnotationProbeDown: strings.Join(r.Down, ",")}
+	return map[string]string{
+		AnnotationProbeUp: strings.Join(r.Up, ","), AnnotationProbeDown: strings.Join(r.Down, ","),
+		AnnotationClustersUp: strings.Join(r.ClustersUp, ","), AnnotationClustersDown: strings.Join(r.ClustersDown, ","),
+	}
 }

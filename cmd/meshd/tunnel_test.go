@@ -1,0 +1,61 @@
+package main
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"meshd.io/meshd/pkg/clusterlink"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/probe"
+)
+
+// Tunnel probe targets: the linked clusters' mesh addresses their leaders
+// route, nothing else (pod CIDRs, underlay addresses, IPv6).
+func TestTunnelTargets(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	peers := map[string][]mesh.Peer{
+		"c2": {
+			{Name: "cluster-c2-a", AllowedIPs: []netip.Prefix{pfx("10.4.0.1/32"), pfx("10.244.0.0/24"), pfx("192.168.2.10/32"), pfx("fd00::1/128")}},
+			{Name: "cluster-c2-b", AllowedIPs: []netip.Prefix{pfx("10.4.0.2/31")}},
+		},
+		"c3": {{Name: "cluster-c3-x", AllowedIPs: []netip.Prefix{pfx("10.5.0.9/32")}}},
+	}
+	mc := map[string][]netip.Prefix{"c2": {pfx("10.4.0.0/16"), pfx("fd00::/64")}, "c3": {pfx("10.5.0.0/16")}}
+	var got []string
+	for _, tg := range tunnelTargets(peers, mc) {
+		got = append(got, tg.Name+"@"+tg.Addr.String())
+	}
+	want := []string{"c2/10.4.0.1@10.4.0.1:0", "c2/10.4.0.2@10.4.0.2:0", "c2/10.4.0.3@10.4.0.3:0", "c3/10.5.0.9@10.5.0.9:0"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("tunnelTargets = %v, want %v", got, want)
+	}
+	if got := tunnelTargets(peers, nil); len(got) != 0 {
+		t.Errorf("without mesh CIDRs: %v, want none", got)
+	}
+}
+
+// A cluster is up when any of its leaders answers, down when none does and
+// one answered before; never-answered targets are unknown.
+func TestClusterReport(t *testing.T) {
+	up, down := clusterReport(map[string]probe.State{
+		"c2/10.4.0.1": probe.Down, "c2/10.4.0.2": probe.Up,
+		"c3/10.5.0.1": probe.Down, "c3/10.5.0.2": probe.Down,
+		"c4/10.6.0.1": probe.Up,
+		"n1":          probe.Down, // not a tunnel target
+	})
+	if !reflect.DeepEqual(up, []string{"c2", "c4"}) || !reflect.DeepEqual(down, []string{"c3"}) {
+		t.Errorf("clusterReport = up %v down %v, want up [c2 c4] down [c3]", up, down)
+	}
+}
+
+// The mesh CIDRs of a link come from its ClusterLink's spec.
+func TestLinkMeshCIDRs(t *testing.T) {
+	cl := &v1alpha1.ClusterLink{Spec: v1alpha1.ClusterLinkSpec{MeshCIDRs: []string{"10.5.0.0/16", "bad", "fd00::/64"}}}
+	got := linkMeshCIDRs(clusterlink.RemoteFromObject(cl))
+	want := []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16"), netip.MustParsePrefix("fd00::/64")}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("linkMeshCIDRs = %v, want %v", got, want)
+	}
+}
