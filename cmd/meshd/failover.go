@@ -147,18 +147,8 @@ func tunnelTargets(peers map[string][]mesh.Peer, meshCIDRs map[string][]netip.Pr
 }
 
 // linkMeshCIDRs are a linked cluster's mesh CIDRs, from its ClusterLink's
-// spec (unparsable entries skipped: they only narrow the tunnel probes).
-func linkMeshCIDRs(rc clusterlink.Remote) []netip.Prefix {
-	out := slices.Clone(rc.Link.MeshCIDRs)
-	if rc.Object != nil {
-		for _, s := range rc.Object.Spec.MeshCIDRs {
-			if p, err := netip.ParsePrefix(s); err == nil && !slices.Contains(out, p.Masked()) {
-				out = append(out, p.Masked())
-			}
-		}
-	}
-	return out
-}
+// spec (clusterlink.RemoteFromObject parses them).
+func linkMeshCIDRs(rc clusterlink.Remote) []netip.Prefix { return slices.Clone(rc.Link.MeshCIDRs) }
 
 // clusterReport turns the tunnel prober's results (targets named
 // <cluster>/<address>) into the linked clusters that answer and those that

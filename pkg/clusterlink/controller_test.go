@@ -83,6 +83,9 @@ func TestControllerWritesClusterLink(t *testing.T) {
 	if r.Err != nil || !r.Observed {
 		t.Fatalf("remote %+v", r)
 	}
+	if len(cl.Spec.MeshCIDRs) == 0 || len(r.Link.MeshCIDRs) != len(cl.Spec.MeshCIDRs) || r.Link.MeshCIDRs[0].String() != cl.Spec.MeshCIDRs[0] {
+		t.Errorf("mesh CIDRs %v from the spec's %v", r.Link.MeshCIDRs, cl.Spec.MeshCIDRs)
+	}
 	guard := mesh.RemoteGuard{Local: []netip.Prefix{netip.MustParsePrefix("10.52.3.0/24")}} // overlaps w3's pod CIDR
 	got, problems := r.Peers(guard)
 	ls, _, _ := LinkFromSecret(sec)

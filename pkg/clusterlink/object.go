@@ -68,6 +68,14 @@ func RemoteFromObject(cl *v1alpha1.ClusterLink) Remote {
 			r.Link.Allowed = append(r.Link.Allowed, p.Masked())
 		}
 	}
+	for _, c := range cl.Spec.MeshCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("spec.meshCIDRs: %q is not a CIDR", c))
+			continue
+		}
+		r.Link.MeshCIDRs = append(r.Link.MeshCIDRs, p.Masked())
+	}
 	if cl.Spec.TokenExpires != nil {
 		r.TokenExpires = cl.Spec.TokenExpires.Time
 	}
