@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/e2e/testbed"
@@ -154,35 +152,8 @@ func TestOutageAPIServerHung(t *testing.T) {
 	s.startMeshd([]*testbed.Node{a1, a2, b1, c1})
 
 	// The Peer with a preshared key from a Secret.
-	psk := randomKey()
-	if _, err := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "laptop-psk", Namespace: testbed.PeerSecretNamespace},
-		Data:       map[string][]byte{"psk": []byte(psk)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := laptop.StartDevice(ctx, "wg0"); err != nil {
-		t.Fatal(err)
-	}
-	keyFile, pskFile := filepath.Join(laptop.Dir, "private.key"), filepath.Join(laptop.Dir, "psk")
-	if _, err := laptop.Exec(ctx, "sh", "-c", "umask 077; wg genkey > "+keyFile+"; echo "+psk+" > "+pskFile); err != nil {
-		t.Fatal(err)
-	}
-	out, err := laptop.Exec(ctx, "sh", "-c", "wg pubkey < "+keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	laptopKey := strings.TrimSpace(out)
-	const laptopIP, laptopPort = "10.5.0.1", 51821
-	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("laptop", map[string]any{
-		"publicKey":             laptopKey,
-		"allowedIPs":            []any{laptopIP + "/32"},
-		"endpoint":              map[string]any{"host": laptop.IP.String(), "port": int64(laptopPort)},
-		"persistentKeepalive":   int64(10),
-		"presharedKeySecretRef": map[string]any{"name": "laptop-psk", "namespace": testbed.PeerSecretNamespace, "key": "psk"},
-	}), metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating Peer: %v", err)
-	}
+	lap := s.addPSKLaptop(laptop, "laptop-psk")
+	psk, keyFile, pskFile, laptopKey := lap.psk, lap.keyFile, lap.pskFile, lap.key
 	s.eventually(30*time.Second, 500*time.Millisecond, "a1 configures the Peer with its preshared key", func() error {
 		d, err := a1.WG(ctx, "meshd0")
 		if err != nil {

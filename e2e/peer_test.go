@@ -68,8 +68,6 @@ func TestPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	laptopKey := strings.TrimSpace(out)
-	const laptopIP = "10.5.0.1"
-	const laptopPort = 51821
 
 	_, err = tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("laptop", map[string]any{
 		"publicKey":           laptopKey,

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -168,38 +166,9 @@ func TestPresharedKeyRotation(t *testing.T) {
 	}
 	s.startMeshd([]*testbed.Node{a1, a2})
 
-	psk := randomKey()
+	lap := s.addPSKLaptop(laptop, "rotate-laptop-psk")
+	psk, keyFile, pskFile, laptopKey := lap.psk, lap.keyFile, lap.pskFile, lap.key
 	secrets := tb.Kube.CoreV1().Secrets(testbed.PeerSecretNamespace)
-	if _, err := secrets.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "rotate-laptop-psk", Namespace: testbed.PeerSecretNamespace},
-		Data:       map[string][]byte{"psk": []byte(psk)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The testbed's reset leaves Secrets alone.
-	t.Cleanup(func() { _ = secrets.Delete(context.Background(), "rotate-laptop-psk", metav1.DeleteOptions{}) })
-	if _, err := laptop.StartDevice(ctx, "wg0"); err != nil {
-		t.Fatal(err)
-	}
-	keyFile, pskFile := filepath.Join(laptop.Dir, "private.key"), filepath.Join(laptop.Dir, "psk")
-	if _, err := laptop.Exec(ctx, "sh", "-c", "umask 077; wg genkey > "+keyFile+"; echo "+psk+" > "+pskFile); err != nil {
-		t.Fatal(err)
-	}
-	out, err := laptop.Exec(ctx, "sh", "-c", "wg pubkey < "+keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	laptopKey := strings.TrimSpace(out)
-	const laptopIP, laptopPort = "10.5.0.1", 51821
-	if _, err := tb.Dynamic.Resource(testbed.PeerGVR).Create(ctx, peerObject("laptop", map[string]any{
-		"publicKey":             laptopKey,
-		"allowedIPs":            []any{laptopIP + "/32"},
-		"endpoint":              map[string]any{"host": laptop.IP.String(), "port": int64(laptopPort)},
-		"persistentKeepalive":   int64(10),
-		"presharedKeySecretRef": map[string]any{"name": "rotate-laptop-psk", "namespace": testbed.PeerSecretNamespace, "key": "psk"},
-	}), metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating Peer: %v", err)
-	}
 	s.eventually(30*time.Second, 250*time.Millisecond, "a1 configures the Peer with the Secret's preshared key", func() error {
 		d, err := a1.WG(ctx, "meshd0")
 		if err != nil {

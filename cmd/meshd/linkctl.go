@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
-	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
@@ -119,7 +117,6 @@ func serveLinks(ctx context.Context, lc *linkConfig, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), linkWrites)
-	srv := mirrorServer(lc.Listen, reg)
 	once := func(ctx context.Context) error {
 		log.Info("keeping ClusterLinks from the link Secrets", "namespace", lc.Namespace)
 		return clusterlink.NewController(local.Kube, local.Meshd, clusterlink.ControllerOptions{
@@ -127,30 +124,9 @@ func serveLinks(ctx context.Context, lc *linkConfig, log *slog.Logger) error {
 			Resync: lc.ResyncPeriod, Logger: log,
 		}, linkWrites.Inc).Run(ctx)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var g run.Group
-	g.Add(func() error {
-		log.Info("serving metrics", "listen", lc.Listen)
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving %s: %w", lc.Listen, err)
-		}
-		return nil
-	}, func(error) {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		_ = srv.Shutdown(sctx)
-	})
-	g.Add(func() error {
-		if !lc.LeaderElect {
-			return once(ctx)
-		}
-		return mirror.RunLeaderElected(ctx, log, local.Kube, mirror.LeaderElection{
-			Namespace: lc.Namespace, Name: lc.LeaseName, Identity: leaderIdentity(),
-		}, once)
-	}, func(error) { cancel() })
-	if err := g.Run(); err != nil && !errors.Is(err, context.Canceled) {
-		return err
+	c := controllerRun{log: log, listen: lc.Listen, reg: reg, kube: local.Kube, once: once}
+	if lc.LeaderElect {
+		c.election = &mirror.LeaderElection{Namespace: lc.Namespace, Name: lc.LeaseName, Identity: leaderIdentity()}
 	}
-	return nil
+	return c.run(ctx)
 }

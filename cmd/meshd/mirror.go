@@ -4,19 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -181,8 +175,6 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 	recorder, stopEvents := connect.NewEventRecorder(local.Kube, "meshd-mirror")
 	defer stopEvents()
 
-	srv := mirrorServer(mc.Listen, reg)
-
 	mirrorOnce := func(ctx context.Context) error {
 		opts, err := mirrorOptions(ctx, log, mc, local, remote != nil)
 		if err != nil {
@@ -190,32 +182,11 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 		}
 		return runMirrorController(ctx, log, mc, local.Kube, remote, mirror.New(log, local.Kube, recorder, metrics, opts))
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var g run.Group
-	g.Add(func() error {
-		log.Info("serving metrics", "listen", mc.Listen)
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving %s: %w", mc.Listen, err)
-		}
-		return nil
-	}, func(error) {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		_ = srv.Shutdown(sctx)
-	})
-	g.Add(func() error {
-		if !mc.LeaderElect {
-			return mirrorOnce(ctx)
-		}
-		return mirror.RunLeaderElected(ctx, log, local.Kube, mirror.LeaderElection{
-			Namespace: mc.Namespace, Name: mc.LeaseName, Identity: leaderIdentity(),
-		}, mirrorOnce)
-	}, func(error) { cancel() })
-	if err := g.Run(); err != nil && !errors.Is(err, context.Canceled) {
-		return err
+	c := controllerRun{log: log, listen: mc.Listen, reg: reg, kube: local.Kube, once: mirrorOnce}
+	if mc.LeaderElect {
+		c.election = &mirror.LeaderElection{Namespace: mc.Namespace, Name: mc.LeaseName, Identity: leaderIdentity()}
 	}
-	return nil
+	return c.run(ctx)
 }
 
 // mirrorOptions are the Controller's options; with --mcs it reads (or
@@ -245,24 +216,6 @@ func mirrorOptions(ctx context.Context, log *slog.Logger, mc *mirrorConfig, loca
 	log.Info("cluster ID", "clusterID", id)
 	opts.ClusterID, opts.LocalDynamic = id, dyn
 	return opts, nil
-}
-
-// mirrorServer serves /metrics from reg and /healthz on listen.
-func mirrorServer(listen string, reg *prometheus.Registry) *http.Server {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	return &http.Server{Addr: listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-}
-
-// leaderIdentity names this replica in the leader Lease: the pod's name,
-// else the host name plus a random suffix.
-func leaderIdentity() string {
-	if id := os.Getenv("POD_NAME"); id != "" {
-		return id
-	}
-	host, _ := os.Hostname()
-	return host + "_" + string(uuid.NewUUID())
 }
 
 // runMirrorController runs c over the remote cluster, or over the linked
