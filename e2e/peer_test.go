@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"meshd.io/meshd/e2e/testbed"
 )
@@ -213,14 +214,28 @@ func TestPeer(t *testing.T) {
 	}
 	writes, deadline := 0, time.After(window)
 	seen := map[string]string{}
+	lastRV := ""
 watch:
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				t.Fatal("the Peer watch ended early")
+				// The API server may end a watch at any time (a loaded one
+				// does): resume from the last event seen, so no write is
+				// missed or counted twice.
+				if lastRV == "" {
+					t.Fatal("the Peer watch ended before its first event")
+				}
+				if w, err = tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{ResourceVersion: lastRV}); err != nil {
+					t.Fatalf("resuming the Peer watch: %v", err)
+				}
+				continue
+			}
+			if ev.Type == watch.Error {
+				t.Fatalf("the Peer watch failed: %v", ev.Object)
 			}
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
+				lastRV = u.GetResourceVersion()
 				// The watch starts with the current objects (ADDED).
 				if rv, had := seen[u.GetName()]; had && rv != u.GetResourceVersion() {
 					writes++

@@ -220,7 +220,19 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "TopologyError", err.Error()
 			break
 		}
-		st.Leaders, st.LivenessKnown = LeaderStatus(leaders, live), judge != nil
+		next := LeaderStatus(leaders, live)
+		if settled, wait := c.live.Settled(rc.Secret.Name); !settled && len(st.Leaders) > 0 && noneLive(live) && !sameJSON(next, st.Leaders) {
+			// Just started, or the linked cluster just answered again after
+			// an outage, and not one of its nodes looks live: every node's
+			// heartbeat failed during the outage, so their Leases look
+			// stale until renewed. Keep the last leaders until liveness
+			// rests on a full lease duration (a leader change with live
+			// nodes, a failover, goes through at once).
+			time.AfterFunc(wait, c.signal)
+			c.log.Debug("linked cluster's liveness settling; keeping its last leaders", "cluster", cur.Name, "for", wait.Round(time.Second))
+		} else {
+			st.Leaders, st.LivenessKnown = next, judge != nil
+		}
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, "Listed", "the leaders come from a complete list of the linked cluster's Nodes"
 	}
 	conds := []metav1.Condition{cond}
@@ -239,6 +251,19 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 		meta.SetStatusCondition(&st.Conditions, cd)
 	}
 	return st, !sameJSON(normalStatus(st), normalStatus(cur.Status))
+}
+
+// noneLive: liveness is known (live is not nil) and no node is live.
+func noneLive(live map[string]bool) bool {
+	if live == nil {
+		return false
+	}
+	for _, l := range live {
+		if l {
+			return false
+		}
+	}
+	return true
 }
 
 // sameJSON compares two API values as the API server stores them (times in

@@ -52,10 +52,16 @@ type remoteLeases struct {
 	// time: silence longer than half the lease duration, while its nodes
 	// renew every quarter, says it as well (CheckSilence).
 	lastEvent atomic.Int64
-	kc        []byte
-	cancel    context.CancelFunc
-	liveness  *liveness.Liveness
-	leases    cache.SharedIndexInformer
+	// since is when the Lease watch last began to answer (unix
+	// nanoseconds; 0: not yet): the first Lease event after a start or
+	// after the cluster was unreachable. Until a lease duration has passed
+	// since, a node's Lease may not have been renewed since the outage
+	// ended (see Settled).
+	since    atomic.Int64
+	kc       []byte
+	cancel   context.CancelFunc
+	liveness *liveness.Liveness
+	leases   cache.SharedIndexInformer
 }
 
 // NewLinkLiveness returns a LinkLiveness; onChange is called when a linked
@@ -198,7 +204,10 @@ func (w *LinkLiveness) leaseHandler(r *remoteLeases) cache.ResourceEventHandler 
 		if lease, ok := o.(*coordinationv1.Lease); ok {
 			reach := l.SetAPIReachable(true)
 			r.lastEvent.Store(w.now().UnixNano())
-			reach = r.reach.Swap(reachYes) != reachYes || reach
+			if r.reach.Swap(reachYes) != reachYes {
+				reach = true
+				r.since.Store(w.now().UnixNano())
+			}
 			if l.Observe(lease) && l.Changed() || reach {
 				w.onChange()
 			}
@@ -247,6 +256,29 @@ func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
 		return false, true
 	}
 	return false, false
+}
+
+// Settled reports whether the liveness of the cluster linked by the Secret
+// secretName rests on Leases observed for a full lease duration since its
+// Lease watch last began to answer (after a start or an outage). Before,
+// a Lease that looks stale may only not yet have been renewed after the
+// outage (every node's heartbeat failed during it): wait is how long until
+// it is settled. A cluster without a watch counts as settled.
+func (w *LinkLiveness) Settled(secretName string) (ok bool, wait time.Duration) {
+	w.mu.Lock()
+	r := w.remotes[secretName]
+	w.mu.Unlock()
+	if r == nil {
+		return true, 0
+	}
+	since := r.since.Load()
+	if since == 0 || r.reach.Load() != reachYes {
+		return false, w.timeout
+	}
+	if d := w.timeout - time.Duration(w.now().UnixNano()-since); d > 0 {
+		return false, d
+	}
+	return true, 0
 }
 
 // Judge returns the RemotePeersLive judge of the cluster linked by the
