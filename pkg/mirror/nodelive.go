@@ -62,16 +62,24 @@ func (l *nodeLiveness) observe(o any) {
 }
 
 func (l *nodeLiveness) forget(o any) {
-	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+	if node, ok := deletedLeaseNode(o); ok {
+		l.mu.Lock()
+		delete(l.obs, node)
+		l.mu.Unlock()
+	}
+}
+
+// deletedLeaseNode is the node whose heartbeat Lease an informer's delete
+// event o (possibly a tombstone) removed; ok is false for anything else.
+func deletedLeaseNode(o any) (node string, ok bool) {
+	if t, isTomb := o.(cache.DeletedFinalStateUnknown); isTomb {
 		o = t.Obj
 	}
-	if lease, ok := o.(*coordinationv1.Lease); ok {
-		if node, ok := liveness.NodeNameFromLease(lease); ok {
-			l.mu.Lock()
-			delete(l.obs, node)
-			l.mu.Unlock()
-		}
+	lease, isLease := o.(*coordinationv1.Lease)
+	if !isLease {
+		return "", false
 	}
+	return liveness.NodeNameFromLease(lease)
 }
 
 // recompute updates the dead set; it reports whether it changed.

@@ -72,15 +72,10 @@ func (h *leaseHealth) observe(o any) {
 
 func (h *leaseHealth) forget(o any) {
 	h.live.forget(o)
-	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-		o = t.Obj
-	}
-	if lease, ok := o.(*coordinationv1.Lease); ok {
-		if node, ok := liveness.NodeNameFromLease(lease); ok {
-			h.mu.Lock()
-			delete(h.reports, node)
-			h.mu.Unlock()
-		}
+	if node, ok := deletedLeaseNode(o); ok {
+		h.mu.Lock()
+		delete(h.reports, node)
+		h.mu.Unlock()
 	}
 }
 
