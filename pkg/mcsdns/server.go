@@ -52,14 +52,10 @@ func (s *Server) Addr() string { return s.udp.LocalAddr().String() }
 // Run serves until ctx ends, then shuts the listeners down.
 func (s *Server) Run(ctx context.Context) error {
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		start := time.Now()
-		rw := &recorder{ResponseWriter: w, rcode: -1}
+		rw := &recorder{ResponseWriter: w, start: time.Now(), metrics: s.metrics}
 		c := context.WithValue(context.Background(), dnsserver.Key{}, s.core)
 		c = context.WithValue(c, dnsserver.LoopKey{}, 0)
 		s.core.ServeDNS(c, rw, r)
-		if rw.rcode >= 0 {
-			s.metrics.observe(rw.rcode, time.Since(start).Seconds())
-		}
 	})
 	servers := []*dns.Server{
 		{PacketConn: s.udp, Net: "udp", Handler: handler},
@@ -95,13 +91,20 @@ func (s *Server) Close() {
 	s.tcp.Close()
 }
 
-// recorder notes the rcode of the answer written.
+// recorder counts a request in the metrics, by the rcode of its answer.
 type recorder struct {
 	dns.ResponseWriter
-	rcode int
+	start   time.Time
+	metrics *Metrics
+	counted bool // a request counts once, however often its answer is written
 }
 
+// WriteMsg counts the answer before it is sent, so a client that has its
+// answer finds it in the metrics.
 func (r *recorder) WriteMsg(m *dns.Msg) error {
-	r.rcode = m.Rcode
+	if !r.counted {
+		r.counted = true
+		r.metrics.observe(m.Rcode, time.Since(r.start).Seconds())
+	}
 	return r.ResponseWriter.WriteMsg(m)
 }
