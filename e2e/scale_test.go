@@ -124,8 +124,10 @@ func TestScaleColdStart(t *testing.T) {
 	t.Logf("cold start of a 3-node full mesh, %d runs (ms): %s; median %d ms, max %d ms (target: median <= 1000, max <= 2000; Kilo: median 2000, outliers 5800/6000/17700)",
 		runs, strings.Join(ms, " "), median.Milliseconds(), max.Milliseconds())
 	// The median is asserted as required; the maximum with 1 s of slack
-	// for a loaded 2-core machine. Crossed handshakes cost 5 s (or 20 s
-	// when the retry crosses too), far beyond any slack.
+	// for a loaded 2-core machine. Crossed handshakes cost WireGuard 5 s
+	// (20 s when its retry crosses too); pkg/wg re-initiates them after
+	// 100-250 ms (handshakeCrossedAfter), after 1 s before that (a median
+	// of 1.1 s in one CI run, 150-290 ms since).
 	if median > time.Second {
 		t.Errorf("median cold start %s, want <= 1 s", median)
 	}

@@ -58,6 +58,7 @@ type pendingHandshake struct {
 	since   time.Time // created or last re-created
 	retries int
 	after   time.Duration // retry delay: shorter for the lower public key
+	crossed time.Duration // crossing check delay (shorter for the lower key); 0 once looked at
 	checked bool          // looked at after the delay: no retry needed
 }
 
@@ -72,11 +73,26 @@ type pendingHandshake struct {
 // later (handshakeRetryAfterHigh), for the rarer crossing that leaves the
 // lower side believing in a session the other side dropped; the staggered
 // delays keep the two retries from crossing again.
+//
+// A crossing shows early: each side has received the other's initiation
+// (rx > 0) and still has no handshake, where a normal first handshake is
+// complete on the initiator when its first byte arrives and on the
+// responder one round trip later. So a crossing check runs sooner
+// (handshakeCrossedAfter on the lower key's side, handshakeCrossedAfterHigh
+// on the higher's, for when the lower side awaits nothing, e.g. it just
+// changed its key) and re-creates the peer only if it heard from it: a key
+// rotation or two nodes starting together then stall for a tenth of a
+// second, not a second. A link whose round trip exceeds the delay costs at
+// most one extra initiation: the re-created side's fresh initiation is
+// answered by the side that completed already.
 const (
-	handshakeRetryAfter     = time.Second
-	handshakeRetryAfterHigh = 2500 * time.Millisecond
-	handshakeMaxRetries     = 3
-	handshakePendingFor     = 30 * time.Second
+	handshakeRetryAfter       = time.Second
+	handshakeRetryAfterHigh   = 2500 * time.Millisecond
+	handshakeCrossedAfter     = 100 * time.Millisecond
+	handshakeCrossedAfterHigh = 250 * time.Millisecond
+	handshakeCrossedCoalesce  = 20 * time.Millisecond
+	handshakeMaxRetries       = 3
+	handshakePendingFor       = 30 * time.Second
 	// handshakeCoalesce: checks due within this window are done together, so
 	// peers added by successive reconciles do not each cause a reconcile.
 	handshakeCoalesce = 500 * time.Millisecond
@@ -415,6 +431,19 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 		switch {
 		case !ok, !c.LastHandshakeTime.IsZero(), now.Sub(p.since) > handshakePendingFor:
 			delete(d.pending, k)
+		case p.crossed > 0 && !p.checked && p.retries < handshakeMaxRetries &&
+			!now.Add(handshakeCrossedCoalesce).Before(p.since.Add(p.crossed)) &&
+			now.Add(handshakeCoalesce).Before(p.since.Add(p.after)):
+			// Crossing check: heard from the peer but no handshake.
+			if c.ReceiveBytes > 0 {
+				if out == nil {
+					out = map[wgtypes.Key]bool{}
+				}
+				out[k] = true
+				continue
+			}
+			p.crossed = 0
+			d.pending[k] = p
 		case p.checked || p.retries >= handshakeMaxRetries || now.Add(handshakeCoalesce).Before(p.since.Add(p.after)):
 			// not due
 		case c.ReceiveBytes > 0 || p.retries == 0:
@@ -440,9 +469,9 @@ func (d *Device) awaitHandshakes(own wgtypes.Key, nudged []wgtypes.Key, recreate
 	}
 	now := d.clock()
 	for _, k := range nudged {
-		p := pendingHandshake{since: now, after: handshakeRetryAfterHigh}
+		p := pendingHandshake{since: now, after: handshakeRetryAfterHigh, crossed: handshakeCrossedAfterHigh}
 		if compareKeys(own, k) < 0 {
-			p.after = handshakeRetryAfter
+			p.after, p.crossed = handshakeRetryAfter, handshakeCrossedAfter
 		}
 		if recreated[k] {
 			p.retries = d.pending[k].retries + 1
@@ -523,7 +552,11 @@ func (d *Device) handshakeCheckDue() (time.Duration, bool) {
 		if p.checked || p.retries >= handshakeMaxRetries {
 			continue
 		}
-		wait := max(p.since.Add(p.after).Sub(now), 0)
+		at := p.after
+		if p.crossed > 0 {
+			at = p.crossed
+		}
+		wait := max(p.since.Add(at).Sub(now), 0)
 		if !found || wait < due {
 			due, found = wait, true
 		}

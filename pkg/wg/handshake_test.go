@@ -48,8 +48,8 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	clock := time.Unix(1000, 0)
 
 	d, fc, cfg := handshakeDevice(t, low, high, &clock)
-	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeRetryAfter {
-		t.Fatalf("lower key: want a check due in %s, got %s %v", handshakeRetryAfter, due, ok)
+	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeCrossedAfter {
+		t.Fatalf("lower key: want a crossing check due in %s, got %s %v", handshakeCrossedAfter, due, ok)
 	}
 	w := d.Writes()
 	if err := d.retryHandshakes(); err != nil || d.Writes() != w {
@@ -90,15 +90,15 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	// The higher key's side retries only after the longer delay.
 	clock = time.Unix(1000, 0)
 	d2, fc2, _ := handshakeDevice(t, high, low, &clock)
-	fc2.SetReceived("hs0", low.PublicKey(), 148)
-	if due, ok := d2.handshakeCheckDue(); !ok || due != handshakeRetryAfterHigh {
-		t.Fatalf("higher key: want a check due in %s, got %s %v", handshakeRetryAfterHigh, due, ok)
+	if due, ok := d2.handshakeCheckDue(); !ok || due != handshakeCrossedAfterHigh {
+		t.Fatalf("higher key: want a crossing check due in %s, got %s %v", handshakeCrossedAfterHigh, due, ok)
 	}
 	clock = clock.Add(handshakeRetryAfter)
 	w = d2.Writes()
 	if err := d2.retryHandshakes(); err != nil || d2.Writes() != w {
 		t.Fatal("higher key side re-created the peer as early as the lower one")
 	}
+	fc2.SetReceived("hs0", low.PublicKey(), 148)
 	clock = clock.Add(handshakeRetryAfterHigh)
 	if err := d2.retryHandshakes(); err != nil || d2.Writes() != w+1 {
 		t.Fatal("higher key side did not retry after its longer delay")
@@ -132,5 +132,55 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 	}
 	if _, ok := d3.handshakeCheckDue(); ok {
 		t.Fatal("no check may be due after a handshake")
+	}
+}
+
+// TestHandshakeCrossingCheck: a tenth of a second after a peer was created,
+// the lower key's side re-creates it if it heard from the peer but has no
+// handshake (both initiated at once, each discarded the answer to its own);
+// a silent peer is left to the regular check; the higher key's side looks
+// later, so the two re-creations do not cross again.
+func TestHandshakeCrossingCheck(t *testing.T) {
+	low, high := keyPair(t)
+	clock := time.Unix(1000, 0)
+	d, fc, _ := handshakeDevice(t, low, high, &clock)
+	clock = clock.Add(handshakeCrossedAfter / 2)
+	fc.SetReceived("hs0", high.PublicKey(), 148) // its initiation crossed ours
+	w := d.Writes()
+	if err := d.retryHandshakes(); err != nil || d.Writes() != w {
+		t.Fatalf("crossing check before it was due (%v)", err)
+	}
+	clock = clock.Add(handshakeCrossedAfter / 2)
+	if err := d.retryHandshakes(); err != nil || d.Writes() != w+1 {
+		t.Fatalf("a crossed first handshake was not re-initiated after %s (%v)", handshakeCrossedAfter, err)
+	}
+	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeCrossedAfter {
+		t.Fatalf("after a re-creation the next crossing check is due in %s, got %s %v", handshakeCrossedAfter, due, ok)
+	}
+
+	// Silent peer: nothing at the crossing check, the regular check later.
+	clock = time.Unix(1000, 0)
+	d2, _, _ := handshakeDevice(t, low, high, &clock)
+	clock = clock.Add(handshakeCrossedAfter)
+	w = d2.Writes()
+	if err := d2.retryHandshakes(); err != nil || d2.Writes() != w {
+		t.Fatalf("re-created a peer it heard nothing from at the crossing check (%v)", err)
+	}
+	if due, ok := d2.handshakeCheckDue(); !ok || due != handshakeRetryAfter-handshakeCrossedAfter {
+		t.Fatalf("want the regular check due in %s, got %s %v", handshakeRetryAfter-handshakeCrossedAfter, due, ok)
+	}
+
+	// Higher key: its crossing check comes later than the lower key's.
+	clock = time.Unix(1000, 0)
+	d3, fc3, _ := handshakeDevice(t, high, low, &clock)
+	fc3.SetReceived("hs0", low.PublicKey(), 148)
+	clock = clock.Add(handshakeCrossedAfter)
+	w = d3.Writes()
+	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w {
+		t.Fatal("the higher key's side re-created the peer as early as the lower's")
+	}
+	clock = clock.Add(handshakeCrossedAfterHigh - handshakeCrossedAfter)
+	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w+1 {
+		t.Fatal("the higher key's side did not re-create a crossed peer after its crossing delay")
 	}
 }
