@@ -15,6 +15,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -206,7 +208,7 @@ func (d *daemon) newSources() (sources, error) {
 	// every --resync-period instead.
 	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
-	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields))
+	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, leaseInformerOptions(c)...)
 	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
 	d.peers = connect.NewPeerInformer(clients, noInformerResync)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
@@ -290,6 +292,21 @@ func sameVersion(old, cur any) bool {
 	o, err1 := meta.Accessor(old)
 	c, err2 := meta.Accessor(cur)
 	return err1 == nil && err2 == nil && o.GetResourceVersion() != "" && o.GetResourceVersion() == c.GetResourceVersion()
+}
+
+// leaseInformerOptions: in location mesh meshd watches every node's
+// heartbeat Lease (liveness elects the leaders and their standbys). In full
+// mesh every node is its own location's only member, so no other node's
+// liveness changes the plan: meshd watches its own Lease only (the API
+// path's health, freeze.go), and a 1,000-node cluster's 100 renewals a
+// second reach no daemon (docs/scale.md).
+func leaseInformerOptions(c *config) []informers.SharedInformerOption {
+	opts := []informers.SharedInformerOption{informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields)}
+	if c.Granularity == string(mesh.GranularityFull) {
+		own := fields.OneTermEqualSelector("metadata.name", liveness.LeaseName(c.Hostname)).String()
+		opts = append(opts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = own }))
+	}
+	return opts
 }
 
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
