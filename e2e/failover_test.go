@@ -61,12 +61,7 @@ func (s *scenario) pingResult(r *pingRun) (sent, lost int, outage time.Duration)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	m := pingStats.FindStringSubmatch(string(out))
-	if m == nil {
-		s.t.Fatalf("no ping statistics in %s:\n%s", r.p.LogPath, testbed.Tail(r.p.LogPath, 10))
-	}
-	sent, _ = strconv.Atoi(m[1])
-	rx, _ := strconv.Atoi(m[2])
+	sent, lost = s.pingStatistics(r.p)
 	var seqs []int
 	for _, mm := range replySeq.FindAllStringSubmatch(string(out), -1) {
 		n, _ := strconv.Atoi(mm[1])
@@ -79,7 +74,7 @@ func (s *scenario) pingResult(r *pingRun) (sent, lost int, outage time.Duration)
 		gap = max(gap, q-prev-1)
 		prev = q
 	}
-	return sent, sent - rx, time.Duration(gap) * 100 * time.Millisecond
+	return sent, lost, time.Duration(gap) * 100 * time.Millisecond
 }
 
 // setLink takes a node's underlay link down or up (from the bridge side,

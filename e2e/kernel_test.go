@@ -5,7 +5,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -214,14 +213,9 @@ func (s *scenario) restartUnderPing(node *testbed.Node, from, to *testbed.Pod) (
 	case <-time.After(15 * time.Second):
 		s.t.Fatal("ping did not exit on SIGINT")
 	}
-	m := pingStats.FindStringSubmatch(testbed.Tail(p.LogPath, 5))
-	if m == nil {
-		s.t.Fatalf("no ping statistics in %s:\n%s", p.LogPath, testbed.Tail(p.LogPath, 10))
+	sent, lost = s.pingStatistics(p)
+	if sent < 30 {
+		s.t.Fatalf("only %d pings sent across the restart", sent)
 	}
-	tx, _ := strconv.Atoi(m[1])
-	rx, _ := strconv.Atoi(m[2])
-	if tx < 30 {
-		s.t.Fatalf("only %d pings sent across the restart", tx)
-	}
-	return tx, tx - rx, took
+	return sent, lost, took
 }

@@ -41,6 +41,19 @@ func (s *scenario) wgConfig(n *testbed.Node) string {
 
 var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
+// pingStatistics returns how many packets the ping p (ended) sent and how
+// many of them got no reply, from the statistics it printed last.
+func (s *scenario) pingStatistics(p *testbed.Proc) (sent, lost int) {
+	s.t.Helper()
+	m := pingStats.FindStringSubmatch(testbed.Tail(p.LogPath, 5))
+	if m == nil {
+		s.t.Fatalf("no ping statistics in %s:\n%s", p.LogPath, testbed.Tail(p.LogPath, 10))
+	}
+	sent, _ = strconv.Atoi(m[1])
+	rx, _ := strconv.Atoi(m[2])
+	return sent, sent - rx
+}
+
 // restartDuringPing pings from -> to at 10/s for count packets while meshd
 // on node restarts (SIGTERM, start again) and returns sent and lost.
 func (s *scenario) restartDuringPing(node *testbed.Node, from, to *testbed.Pod, count int) (sent, lost int, took time.Duration) {
@@ -67,13 +80,8 @@ func (s *scenario) restartDuringPing(node *testbed.Node, from, to *testbed.Pod, 
 	case <-time.After(time.Duration(count)*100*time.Millisecond + 10*time.Second):
 		s.t.Fatal("ping did not finish")
 	}
-	m := pingStats.FindStringSubmatch(testbed.Tail(p.LogPath, 5))
-	if m == nil {
-		s.t.Fatalf("no ping statistics in %s:\n%s", p.LogPath, testbed.Tail(p.LogPath, 10))
-	}
-	tx, _ := strconv.Atoi(m[1])
-	rx, _ := strconv.Atoi(m[2])
-	return tx, tx - rx, took
+	sent, lost = s.pingStatistics(p)
+	return sent, lost, took
 }
 
 // Scenario 5: restart without disruption. n1 runs `meshd device` as a

@@ -57,16 +57,11 @@ func (s *scenario) result(pg *pinger, timeout time.Duration) (sent, lost int) {
 	case <-time.After(timeout):
 		s.t.Fatalf("ping %s did not finish", pg.name)
 	}
-	m := pingStats.FindStringSubmatch(testbed.Tail(pg.p.LogPath, 5))
-	if m == nil {
-		s.t.Fatalf("no ping statistics for %s in %s:\n%s", pg.name, pg.p.LogPath, testbed.Tail(pg.p.LogPath, 10))
+	sent, lost = s.pingStatistics(pg.p)
+	if lost != 0 {
+		s.t.Logf("path %s: lost icmp_seq %s (seq n is sent n×100 ms after the ping started)", pg.name, lostRanges(pg.p.LogPath, sent))
 	}
-	tx, _ := strconv.Atoi(m[1])
-	rx, _ := strconv.Atoi(m[2])
-	if tx != rx {
-		s.t.Logf("path %s: lost icmp_seq %s (seq n is sent n×100 ms after the ping started)", pg.name, lostRanges(pg.p.LogPath, tx))
-	}
-	return tx, tx - rx
+	return sent, lost
 }
 
 var seqRE = regexp.MustCompile(`bytes from .* icmp_seq=(\d+)`)

@@ -25,24 +25,6 @@ declare -A need=(
 	[flock]=util-linux
 )
 
-missing=()
-for cmd in "${!need[@]}"; do
-	if ! command -v "$cmd" >/dev/null 2>&1 && [[ ! -x "/usr/sbin/$cmd" && ! -x "/sbin/$cmd" ]]; then
-		missing+=("${need[$cmd]}")
-	fi
-done
-
-if [[ ${#missing[@]} -eq 0 ]]; then
-	exit 0
-fi
-
-# de-duplicate
-mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-echo ">> installing missing packages: ${missing[*]}" >&2
-if [[ $(id -u) -ne 0 ]]; then
-	echo "need root to install packages" >&2
-	exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+install_missing need

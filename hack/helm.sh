@@ -16,26 +16,10 @@ HELM_VERSION=${HELM_VERSION:-v3.22.0}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${MESHD_CACHE:-$HOME/.cache/meshd}/bin"
 HELM="$BIN/helm"
-STAMP="$BIN/.helm-$HELM_VERSION"
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
 
-build() {
-	mkdir -p "$BIN"
-	exec 9>"$BIN/.helm.lock"
-	flock 9
-	if [[ -x "$HELM" && -f "$STAMP" ]]; then
-		return
-	fi
-	echo ">> building helm $HELM_VERSION into $HELM (once)" >&2
-	rm -f "$BIN"/.helm-v*
-	(cd "$BIN" && GOWORK=off GOFLAGS= GOTOOLCHAIN=${GOTOOLCHAIN:-local} CGO_ENABLED=0 GOBIN="$BIN" \
-		go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-		"helm.sh/helm/v3/cmd/helm@$HELM_VERSION")
-	touch "$STAMP"
-}
-
-if [[ ! -x "$HELM" || ! -f "$STAMP" ]]; then
-	build
-fi
+go_install_once "$BIN" helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 
 if [[ "${1:-}" == "--bin" ]]; then
 	echo "$HELM"

@@ -27,11 +27,17 @@ if [[ ${#BINS[@]} -eq 0 ]]; then
 	BINS=(kube-apiserver kubectl)
 fi
 
-missing=()
-for b in "${BINS[@]}"; do
-	[[ -x "$DIR/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
+# all_built sets missing to the BINS not built yet; it is true when none is.
+all_built() {
+	local b
+	missing=()
+	for b in "${BINS[@]}"; do
+		[[ -x "$DIR/$b" ]] || missing+=("$b")
+	done
+	[[ ${#missing[@]} -eq 0 ]]
+}
+
+if all_built; then
 	echo "$DIR"
 	exit 0
 fi
@@ -41,11 +47,7 @@ exec 9>"$DIR/.lock"
 flock 9
 
 # Re-check after taking the lock: another run may have built them meanwhile.
-missing=()
-for b in "${BINS[@]}"; do
-	[[ -x "$DIR/$b" ]] || missing+=("$b")
-done
-if [[ ${#missing[@]} -eq 0 ]]; then
+if all_built; then
 	echo "$DIR"
 	exit 0
 fi

@@ -14,25 +14,10 @@ KUSTOMIZE_VERSION=${KUSTOMIZE_VERSION:-v5.8.0}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${MESHD_CACHE:-$HOME/.cache/meshd}/bin"
 KUSTOMIZE="$BIN/kustomize"
-STAMP="$BIN/.kustomize-$KUSTOMIZE_VERSION"
+# shellcheck source=hack/lib.sh
+source "$ROOT/hack/lib.sh"
 
-build() {
-	mkdir -p "$BIN"
-	exec 9>"$BIN/.kustomize.lock"
-	flock 9
-	if [[ -x "$KUSTOMIZE" && -f "$STAMP" ]]; then
-		return
-	fi
-	echo ">> building kustomize $KUSTOMIZE_VERSION into $KUSTOMIZE (once)" >&2
-	rm -f "$BIN"/.kustomize-v*
-	(cd "$BIN" && GOWORK=off GOFLAGS= GOTOOLCHAIN=${GOTOOLCHAIN:-local} CGO_ENABLED=0 GOBIN="$BIN" \
-		go install -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION")
-	touch "$STAMP"
-}
-
-if [[ ! -x "$KUSTOMIZE" || ! -f "$STAMP" ]]; then
-	build
-fi
+go_install_once "$BIN" kustomize "$KUSTOMIZE_VERSION" sigs.k8s.io/kustomize/kustomize/v5 "-s -w"
 
 if [[ "${1:-}" == "--bin" ]]; then
 	echo "$KUSTOMIZE"

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
@@ -145,10 +144,6 @@ func tunnelTargets(peers map[string][]mesh.Peer, meshCIDRs map[string][]netip.Pr
 	}
 	return out
 }
-
-// linkMeshCIDRs are a linked cluster's mesh CIDRs, from its ClusterLink's
-// spec (clusterlink.RemoteFromObject parses them).
-func linkMeshCIDRs(rc clusterlink.Remote) []netip.Prefix { return slices.Clone(rc.Link.MeshCIDRs) }
 
 // clusterReport turns the tunnel prober's results (targets named
 // <cluster>/<address>) into the linked clusters that answer and those that

@@ -409,7 +409,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		if r.linkMesh == nil {
 			r.linkMesh = map[string][]netip.Prefix{}
 		}
-		r.linkMesh[name] = linkMeshCIDRs(rc)
+		r.linkMesh[name] = slices.Clone(rc.Link.MeshCIDRs)
 		peers = append(peers, ps...)
 	}
 	r.metrics.setLinks(states)

@@ -5,8 +5,6 @@ import (
 	"reflect"
 	"testing"
 
-	"meshd.io/meshd/pkg/clusterlink"
-	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
 )
@@ -47,15 +45,5 @@ func TestClusterReport(t *testing.T) {
 	})
 	if !reflect.DeepEqual(up, []string{"c2", "c4"}) || !reflect.DeepEqual(down, []string{"c3"}) {
 		t.Errorf("clusterReport = up %v down %v, want up [c2 c4] down [c3]", up, down)
-	}
-}
-
-// The mesh CIDRs of a link come from its ClusterLink's spec.
-func TestLinkMeshCIDRs(t *testing.T) {
-	cl := &v1alpha1.ClusterLink{Spec: v1alpha1.ClusterLinkSpec{MeshCIDRs: []string{"10.5.0.0/16", "bad", "fd00::/64"}}}
-	got := linkMeshCIDRs(clusterlink.RemoteFromObject(cl))
-	want := []netip.Prefix{netip.MustParsePrefix("10.5.0.0/16"), netip.MustParsePrefix("fd00::/64")}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("linkMeshCIDRs = %v, want %v", got, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,12 +52,18 @@ type Controller struct {
 	wake    chan struct{}
 	// writes counts the ClusterLink writes (create, update, status, delete).
 	writes func()
+
+	// settle holds one wake-up per linked cluster whose liveness is
+	// settling (by ClusterLink name): every Sync while it settles resets
+	// it, none stacks another.
+	settleMu sync.Mutex
+	settle   map[string]*time.Timer
 }
 
 // NewController returns a controller; nothing runs before Run. writes, if
 // set, is called for each ClusterLink write.
 func NewController(kube kubernetes.Interface, meshd versioned.Interface, o ControllerOptions, writes func()) *Controller {
-	c := &Controller{log: o.Logger, meshd: meshd, wake: make(chan struct{}, 1), writes: writes}
+	c := &Controller{log: o.Logger, meshd: meshd, wake: make(chan struct{}, 1), writes: writes, settle: map[string]*time.Timer{}}
 	if c.writes == nil {
 		c.writes = func() {}
 	}
@@ -70,6 +77,28 @@ func (c *Controller) signal() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
+	}
+}
+
+// wakeAfter makes the controller sync again d from now for cluster: it
+// resets cluster's timer, the one there is.
+func (c *Controller) wakeAfter(cluster string, d time.Duration) {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if t, ok := c.settle[cluster]; ok {
+		t.Reset(d)
+		return
+	}
+	c.settle[cluster] = time.AfterFunc(d, c.signal)
+}
+
+// forgetWake stops cluster's timer (the cluster is unlinked).
+func (c *Controller) forgetWake(cluster string) {
+	c.settleMu.Lock()
+	defer c.settleMu.Unlock()
+	if t, ok := c.settle[cluster]; ok {
+		t.Stop()
+		delete(c.settle, cluster)
 	}
 }
 
@@ -152,6 +181,7 @@ func (c *Controller) Sync(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("deleting ClusterLink %s: %w", cl.Name, err))
 				continue
 			}
+			c.forgetWake(cl.Name)
 			c.log.Info("cluster unlinked: ClusterLink deleted", "cluster", cl.Name)
 		}
 	}
@@ -228,7 +258,7 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 			// stale until renewed. Keep the last leaders until liveness
 			// rests on a full lease duration (a leader change with live
 			// nodes, a failover, goes through at once).
-			time.AfterFunc(wait, c.signal)
+			c.wakeAfter(cur.Name, wait)
 			c.log.Debug("linked cluster's liveness settling; keeping its last leaders", "cluster", cur.Name, "for", wait.Round(time.Second))
 		} else {
 			st.Leaders, st.LivenessKnown = next, judge != nil

@@ -1,9 +1,20 @@
 package clusterlink
 
 import (
+	"context"
 	"log/slog"
 	"testing"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // TestSettled: a linked cluster's liveness settles a lease duration after
@@ -50,5 +61,62 @@ func TestNoneLive(t *testing.T) {
 		if got := noneLive(c.live); got != c.want {
 			t.Errorf("noneLive(%v) = %v, want %v", c.live, got, c.want)
 		}
+	}
+}
+
+// While a linked cluster's liveness settles, every sync keeps its last
+// leaders and asks for a sync when it has settled: one wake-up however many
+// syncs asked (a timer reset, not one more timer per sync).
+func TestSettlingWakeUpNotStacked(t *testing.T) {
+	const leaseDuration = 2 * time.Second // far longer than the syncs below take
+	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
+	sec := linkSecret(LinkSecretPrefix+"west", "west", "https://192.0.2.1:6443")
+	ls, _, err := LinkFromSecret(sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders, live, err := Leaders(ls, []*corev1.Node{w1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := &v1alpha1.ClusterLink{ObjectMeta: metav1.ObjectMeta{Name: "west"}, Spec: Spec(sec),
+		Status: v1alpha1.ClusterLinkStatus{Leaders: LeaderStatus(leaders, live)}}
+	c := NewController(fake.NewClientset(), meshdfake.NewSimpleClientset(), ControllerOptions{Namespace: "meshd-system",
+		LeaseDuration: leaseDuration, Logger: slog.New(slog.DiscardHandler)}, nil)
+	c.wake = make(chan struct{}, 100) // keeps every wake-up
+
+	// The linked cluster's Leases are listed, and w1's stopped an hour ago:
+	// not one of its nodes looks live, and its Lease watch has not answered
+	// for a lease duration yet.
+	renew := metav1.NewMicroTime(time.Now().Add(-time.Hour))
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("w1"), Namespace: "meshd-system", ResourceVersion: "1"},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &renew}}
+	leases := informers.NewSharedInformerFactoryWithOptions(fake.NewClientset(lease), 0, informers.WithNamespace("meshd-system")).
+		Coordination().V1().Leases().Informer()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go leases.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), leases.HasSynced) {
+		t.Fatal("Lease informer not synced")
+	}
+	l := liveness.NewLiveness(leaseDuration, time.Now)
+	l.Observe(lease)
+	c.live.remotes[sec.Name] = &remoteLeases{liveness: l, leases: leases}
+
+	rc := RemoteCluster{Settings: ls, Secret: sec, Nodes: []*corev1.Node{w1}, Synced: true}
+	for range 20 {
+		st, _ := c.status(cur, rc)
+		if !sameJSON(st.Leaders, cur.Status.Leaders) {
+			t.Fatalf("settling: leaders %+v, want the last ones %+v", st.Leaders, cur.Status.Leaders)
+		}
+	}
+	select {
+	case <-c.wake:
+	case <-time.After(10 * leaseDuration):
+		t.Fatal("no wake-up after the cluster settled")
+	}
+	time.Sleep(leaseDuration / 2)
+	if n := len(c.wake); n != 0 {
+		t.Errorf("%d more wake-ups: 20 syncs while settling stacked their timers", n)
 	}
 }

@@ -272,7 +272,7 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 			cluster: r.clusterID, created: ex.GetCreationTimestamp().Time, svc: svc,
 			labels: labels, annotations: annotations,
 			slices: r.endpointSlices(nn.Namespace, nn.Name), notReady: !r.self && m.notReady(r),
-			deadNode: r.live.isDead,
+			deadNode: r.nodeDead,
 		})
 	}
 	if !complete {

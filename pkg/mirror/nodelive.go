@@ -2,8 +2,7 @@ package mirror
 
 import (
 	"context"
-	"maps"
-	"sync"
+	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -12,61 +11,33 @@ import (
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
-// nodeLiveness follows a source cluster's meshd heartbeat Leases (read
-// through the link, never probed): a node whose Lease has not changed for
-// its leaseDurationSeconds, timed on the local clock from when this process
-// saw the change, is dead, and the endpoints on it are stale (not ready).
-// A node without a Lease (no meshd there, or Leases not readable) is never
-// dead: its endpoints follow the source's EndpointSlices alone.
-type nodeLiveness struct {
-	now func() time.Time
+// defaultLeaseDuration is the lifetime of a heartbeat Lease without
+// leaseDurationSeconds.
+const defaultLeaseDuration = 40 * time.Second
 
-	mu   sync.Mutex
-	obs  map[string]leaseObs
-	dead map[string]bool
+// newLeaseLiveness follows meshd heartbeat Leases (of a source cluster, read
+// through the link and never probed, or of the local cluster): a node whose
+// Lease has not changed for its leaseDurationSeconds, timed on the local
+// clock from when this process saw the change, is dead (LeaseExpired), and
+// the endpoints on it are stale (not ready). A node without a Lease (no
+// meshd there, or Leases not readable) is never dead: its endpoints follow
+// the source's EndpointSlices alone. Only the Leases count, not the probe
+// reports in them.
+func newLeaseLiveness(now func() time.Time) *liveness.Liveness {
+	l := liveness.NewLiveness(defaultLeaseDuration, now)
+	l.UseLeaseDurations()
+	return l
 }
 
-type leaseObs struct {
-	version string
-	at      time.Time
-	ttl     time.Duration
-}
-
-func newNodeLiveness(now func() time.Time) *nodeLiveness {
-	return &nodeLiveness{now: now, obs: map[string]leaseObs{}, dead: map[string]bool{}}
-}
-
-func (l *nodeLiveness) observe(o any) {
-	lease, ok := o.(*coordinationv1.Lease)
-	if !ok {
-		return
-	}
-	node, ok := liveness.NodeNameFromLease(lease)
+// heartbeatLease is the meshd heartbeat Lease an informer's add or update
+// event o carries; ok is false for anything else.
+func heartbeatLease(o any) (lease *coordinationv1.Lease, node string, ok bool) {
+	lease, ok = o.(*coordinationv1.Lease)
 	if !ok || lease.Labels[liveness.LabelManagedBy] != liveness.ManagedBy {
-		return
+		return nil, "", false
 	}
-	ttl := 40 * time.Second
-	if d := lease.Spec.LeaseDurationSeconds; d != nil && *d > 0 {
-		ttl = time.Duration(*d) * time.Second
-	}
-	version := lease.ResourceVersion
-	if lease.Spec.RenewTime != nil {
-		version += "/" + lease.Spec.RenewTime.String()
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if old, ok := l.obs[node]; ok && old.version == version {
-		return
-	}
-	l.obs[node] = leaseObs{version: version, at: l.now(), ttl: ttl}
-}
-
-func (l *nodeLiveness) forget(o any) {
-	if node, ok := deletedLeaseNode(o); ok {
-		l.mu.Lock()
-		delete(l.obs, node)
-		l.mu.Unlock()
-	}
+	node, ok = liveness.NodeNameFromLease(lease)
+	return lease, node, ok
 }
 
 // deletedLeaseNode is the node whose heartbeat Lease an informer's delete
@@ -82,30 +53,22 @@ func deletedLeaseNode(o any) (node string, ok bool) {
 	return liveness.NodeNameFromLease(lease)
 }
 
-// recompute updates the dead set; it reports whether it changed.
-func (l *nodeLiveness) recompute() (dead []string, changed bool) {
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	next := map[string]bool{}
-	for n, o := range l.obs {
-		if now.Sub(o.at) > o.ttl {
-			next[n] = true
-			dead = append(dead, n)
-		}
+// observeLease and forgetLease feed l from a Lease informer.
+func observeLease(l *liveness.Liveness, o any) {
+	if lease, _, ok := heartbeatLease(o); ok {
+		l.Observe(lease)
 	}
-	changed = !maps.Equal(next, l.dead)
-	l.dead = next
-	return dead, changed
 }
 
-func (l *nodeLiveness) isDead(node string) bool {
-	if l == nil {
-		return false
+func forgetLease(l *liveness.Liveness, o any) {
+	if node, ok := deletedLeaseNode(o); ok {
+		l.Forget(node)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.dead[node]
+}
+
+// nodeDead reports whether r's liveness data says node is dead.
+func (r *remote) nodeDead(node string) bool {
+	return r.live != nil && r.live.LeaseExpired(node)
 }
 
 // runNodeLiveness watches r's heartbeat Leases in namespace and queues r's
@@ -115,7 +78,9 @@ func (c *Controller) runNodeLiveness(ctx context.Context, r *remote, namespace s
 	f := informers.NewSharedInformerFactoryWithOptions(r.Kube, c.opts.Resync, informers.WithNamespace(namespace))
 	inf := f.Coordination().V1().Leases().Informer()
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: r.live.observe, UpdateFunc: func(_, o any) { r.live.observe(o) }, DeleteFunc: r.live.forget,
+		AddFunc:    func(o any) { observeLease(r.live, o) },
+		UpdateFunc: func(_, o any) { observeLease(r.live, o) },
+		DeleteFunc: func(o any) { forgetLease(r.live, o) },
 	})
 	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		c.log.Debug("cannot watch a source cluster's heartbeat Leases; its endpoints follow its EndpointSlices alone", "cluster", r.Name, "error", err)
@@ -123,13 +88,15 @@ func (c *Controller) runNodeLiveness(ctx context.Context, r *remote, namespace s
 	f.Start(ctx.Done())
 	t := time.NewTicker(min(c.opts.ProbeInterval, time.Second))
 	defer t.Stop()
+	var dead []string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if dead, changed := r.live.recompute(); changed {
+		if next := r.live.ExpiredLeases(); !slices.Equal(next, dead) {
+			dead = next
 			c.log.Info("source cluster's meshd nodes by heartbeat Lease changed; updating their imported endpoints", "cluster", r.Name, "dead", dead)
 			c.mcs.enqueueSource(r)
 		}

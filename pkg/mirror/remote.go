@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // ServiceExportGVR is the MCS API's ServiceExport resource.
@@ -84,7 +85,7 @@ type remote struct {
 	// cluster.clusterset.k8s.io), resolved before synced is set.
 	clusterID string
 	// live follows its meshd heartbeat Leases (nil: not followed).
-	live *nodeLiveness
+	live *liveness.Liveness
 
 	mu      sync.Mutex
 	lastOK  time.Time // last successful probe (or the start)
@@ -210,7 +211,7 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 	if !r.self {
 		go c.probeLoop(ctx, r)
 		if c.mcs != nil && c.opts.LeaseNamespace != "" {
-			r.live = newNodeLiveness(c.now)
+			r.live = newLeaseLiveness(c.now)
 			go c.runNodeLiveness(ctx, r, c.opts.LeaseNamespace)
 		}
 	}

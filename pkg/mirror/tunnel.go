@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -26,7 +25,7 @@ import (
 // tunnelHold, so a restart during an outage does not make the endpoints
 // ready again.
 type leaseHealth struct {
-	live *nodeLiveness
+	live *liveness.Liveness
 	now  func() time.Time
 
 	mu      sync.Mutex
@@ -39,7 +38,7 @@ type leaseHealth struct {
 const tunnelHold = 2 * time.Minute
 
 func newLeaseHealth(now func() time.Time) *leaseHealth {
-	return &leaseHealth{live: newNodeLiveness(now), now: now, reports: map[string]liveness.Report{}, judged: map[string]bool{}, held: map[string]time.Time{}}
+	return &leaseHealth{live: newLeaseLiveness(now), now: now, reports: map[string]liveness.Report{}, judged: map[string]bool{}, held: map[string]time.Time{}}
 }
 
 // Reachable implements ClusterHealth.
@@ -56,23 +55,19 @@ func (h *leaseHealth) Reachable(cluster string) (up, known bool) {
 }
 
 func (h *leaseHealth) observe(o any) {
-	lease, ok := o.(*coordinationv1.Lease)
-	if !ok || lease.Labels[liveness.LabelManagedBy] != liveness.ManagedBy {
-		return
-	}
-	node, ok := liveness.NodeNameFromLease(lease)
+	lease, node, ok := heartbeatLease(o)
 	if !ok {
 		return
 	}
-	h.live.observe(o)
+	h.live.Observe(lease)
 	h.mu.Lock()
 	h.reports[node] = liveness.ReportFromLease(lease)
 	h.mu.Unlock()
 }
 
 func (h *leaseHealth) forget(o any) {
-	h.live.forget(o)
 	if node, ok := deletedLeaseNode(o); ok {
+		h.live.Forget(node)
 		h.mu.Lock()
 		delete(h.reports, node)
 		h.mu.Unlock()
@@ -82,12 +77,11 @@ func (h *leaseHealth) forget(o any) {
 // recompute judges again; it returns the clusters whose judgement changed
 // (became down, came back up, or became known or unknown), sorted.
 func (h *leaseHealth) recompute() (changed []string) {
-	h.live.recompute()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	leaseLive := make(map[string]bool, len(h.reports))
 	for n := range h.reports {
-		leaseLive[n] = !h.live.isDead(n)
+		leaseLive[n] = !h.live.LeaseExpired(n)
 	}
 	next := liveness.JudgeClusters(leaseLive, h.reports)
 	now := h.now()

@@ -131,7 +131,9 @@ func (d Decision) equal(o Decision) bool {
 // Leases: a node is lease-live while the last change of its Lease (a new
 // resourceVersion or renewTime), timed by the local clock when THIS process
 // observed it, is younger than the timeout. Later changes never compare a
-// remote renewTime with the local clock.
+// remote renewTime with the local clock. With UseLeaseDurations, each Lease's
+// own leaseDurationSeconds is its timeout (the Leases of another cluster,
+// whose renew interval this process does not configure).
 //
 // A Lease seen for the first time (after a restart of this process) is the
 // one exception: it counts as a change only if its renewTime is younger than
@@ -155,6 +157,7 @@ func (d Decision) equal(o Decision) bool {
 type Liveness struct {
 	mu       sync.Mutex
 	timeout  time.Duration
+	perLease bool // UseLeaseDurations
 	takeover time.Duration
 	now      func() time.Time
 	start    time.Time
@@ -190,6 +193,7 @@ type observation struct {
 	resourceVersion string
 	renewTime       time.Time // the remote timestamp, only compared for equality (and on first sight)
 	at              time.Time // local time of the last observed change
+	timeout         time.Duration
 	report          Report
 }
 
@@ -211,6 +215,16 @@ func (l *Liveness) SetTakeoverDelay(d time.Duration) {
 	l.touch()
 }
 
+// UseLeaseDurations makes each Lease's own spec.leaseDurationSeconds its
+// timeout; the timeout given to NewLiveness stays the one of Leases without
+// it. Call it before the first Observe.
+func (l *Liveness) UseLeaseDurations() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.perLease = true
+	l.touch()
+}
+
 // Observe records a heartbeat Lease (from an informer's add or update). It
 // reports whether the observation may change a decision: a Lease seen for
 // the first time, a change of a lease-dead node, or a new probe report. A
@@ -228,17 +242,21 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 	report := ReportFromLease(lease)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	timeout := l.timeout
+	if d := lease.Spec.LeaseDurationSeconds; l.perLease && d != nil && *d > 0 {
+		timeout = time.Duration(*d) * time.Second
+	}
 	prev, known := l.seen[node]
 	if known && prev.resourceVersion == lease.ResourceVersion && prev.renewTime.Equal(renew) {
 		return false
 	}
 	now := l.now()
 	at := now
-	if !known && !renew.IsZero() && now.Sub(renew) >= l.timeout {
+	if !known && !renew.IsZero() && now.Sub(renew) >= timeout {
 		// Stale on first sight: dead until it changes (see the type doc).
-		at = now.Add(-l.timeout)
+		at = now.Add(-timeout)
 	}
-	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, report: report}
+	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, timeout: timeout, report: report}
 	// A renewal of a lease-live node with the same report only moves its
 	// expiry later: quietUntil stays a safe (early) bound.
 	if !known || !l.leaseLive(prev, now) || !prev.report.equal(report) {
@@ -289,7 +307,32 @@ func (l *Liveness) leaseLive(o observation, now time.Time) bool {
 	if !l.frozenAt.IsZero() {
 		now = l.frozenAt
 	}
-	return now.Sub(o.at) < l.timeout
+	return now.Sub(o.at) < o.timeout
+}
+
+// LeaseExpired reports whether node's Lease was observed and is not live,
+// by the Lease alone (the probe reports do not count). A node whose Lease
+// was never observed (or was forgotten) is not expired.
+func (l *Liveness) LeaseExpired(node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o, ok := l.seen[node]
+	return ok && !l.leaseLive(o, l.now())
+}
+
+// ExpiredLeases lists the nodes whose Lease is expired (LeaseExpired), sorted.
+func (l *Liveness) ExpiredLeases() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	var out []string
+	for n, o := range l.seen {
+		if !l.leaseLive(o, now) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Decide returns the current decision for nodes in the given locations
@@ -351,7 +394,7 @@ func (l *Liveness) nextChange(now time.Time) (t time.Time, ok bool) {
 	}
 	if l.frozenAt.IsZero() {
 		for _, o := range l.seen {
-			add(o.at.Add(l.timeout))
+			add(o.at.Add(o.timeout))
 		}
 	}
 	for _, s := range l.since {

@@ -3,6 +3,7 @@ package liveness
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -191,4 +192,63 @@ func TestLivenessChangedQuiet(t *testing.T) {
 	if trues < 4 || changes < 24 {
 		t.Errorf("%d decision changes, %d decisions: the scenario exercised too little", trues, changes)
 	}
+}
+
+// With UseLeaseDurations each Lease expires after its own
+// leaseDurationSeconds (a Lease without one after the default timeout),
+// also on first sight; LeaseExpired and ExpiredLeases judge by the Lease
+// alone (a down vote does not expire it) and know nothing of nodes never
+// observed or forgotten.
+func TestLivenessLeaseDurations(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := NewLiveness(40*time.Second, clock.Now)
+	l.UseLeaseDurations()
+	withDuration := func(le *coordinationv1.Lease, s int32) *coordinationv1.Lease {
+		le.Spec.LeaseDurationSeconds = &s
+		return le
+	}
+	l.Observe(withDuration(lease("short", "1", clock.Now()), 10))
+	l.Observe(withDuration(lease("long", "1", clock.Now()), 60))
+	l.Observe(lease("default", "1", clock.Now()))
+	// Renewed 20s ago: stale on first sight for a 10s Lease only; the 30s
+	// one counts from when it was seen, like any change.
+	l.Observe(withDuration(lease("stale", "1", clock.Now().Add(-20*time.Second)), 10))
+	l.Observe(withDuration(lease("fresh", "1", clock.Now().Add(-20*time.Second)), 30))
+	voted := lease("voted", "1", clock.Now())
+	l.Observe(voted)
+	l.Observe(withDuration(lease("reporter", "1", clock.Now()), 60))
+	l.Observe(func() *coordinationv1.Lease {
+		r := withDuration(lease("reporter", "2", clock.Now()), 60)
+		r.Annotations = ReportAnnotations(Report{Down: []string{"voted"}})
+		return r
+	}())
+	expired := func(at time.Duration, want ...string) {
+		t.Helper()
+		if got := l.ExpiredLeases(); !reflect.DeepEqual(got, want) {
+			t.Errorf("after %v: ExpiredLeases() = %v, want %v", at, got, want)
+		}
+		for _, n := range []string{"short", "long", "default", "stale", "fresh", "voted", "reporter", "never"} {
+			if got, w := l.LeaseExpired(n), slices.Contains(want, n); got != w {
+				t.Errorf("after %v: LeaseExpired(%s) = %v, want %v", at, n, got, w)
+			}
+		}
+	}
+	expired(0, "stale")
+	if l.Live()["voted"] {
+		t.Fatal("the down vote does not count: the test proves nothing")
+	}
+	clock.Step(10 * time.Second)
+	expired(10*time.Second, "short", "stale")
+	if tm, ok := l.NextChange(); !ok || !tm.Equal(clock.Now().Add(20*time.Second)) {
+		t.Errorf("NextChange() = %v %v, want the 30s Lease's expiry in 20s", tm, ok)
+	}
+	clock.Step(20 * time.Second)
+	expired(30*time.Second, "fresh", "short", "stale")
+	clock.Step(10 * time.Second)
+	expired(40*time.Second, "default", "fresh", "short", "stale", "voted")
+	l.Observe(withDuration(lease("short", "2", clock.Now()), 10))
+	l.Forget("stale")
+	expired(40*time.Second, "default", "fresh", "voted")
+	clock.Step(20 * time.Second)
+	expired(60*time.Second, "default", "fresh", "long", "reporter", "short", "voted")
 }
