@@ -151,6 +151,8 @@ type model struct {
 	Notes []string
 	// Linked are the linked clusters (status only).
 	Linked []linkedCluster
+	// ClusterLinks are the link controller's ClusterLinks (status only).
+	ClusterLinks []clusterLinkState
 	// Set are the effective settings (flags, else published, else
 	// defaults); Published what the nodes publish (settings.go).
 	Set       settings

@@ -8,10 +8,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/clusterlink"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
@@ -104,4 +106,62 @@ func readLinked(ctx context.Context, ls clusterlink.LinkSettings, kc []byte, loc
 		problems = append(problems, e.Error())
 	}
 	return peers, server, problems, nil
+}
+
+// clusterLinkState is a ClusterLink as the link controller (meshd link)
+// last wrote it: what this cluster's nodes peer with.
+type clusterLinkState struct {
+	Name      string
+	Leaders   []string
+	Synced    metav1.ConditionStatus
+	Reachable metav1.ConditionStatus
+	// Message is the first message of a condition that is not True.
+	Message string
+}
+
+// clusterLinks lists the ClusterLinks the link controller keeps. Without
+// the CRD (the controller is an optional component) there are none;
+// not being allowed to list them is a note.
+func (e *env) clusterLinks(ctx context.Context) ([]clusterLinkState, []string) {
+	c, err := e.newClients(e.s.kubeconfig, e.s.context)
+	if err != nil || c.Meshd == nil {
+		return nil, nil // linkedClusters notes the client error
+	}
+	l, err := c.Meshd.MeshdV1alpha1().ClusterLinks().List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case apierrors.IsForbidden(err):
+		return nil, []string{"cluster links not shown: not allowed to list ClusterLinks"}
+	case err != nil:
+		return nil, []string{"cluster links not shown: listing ClusterLinks: " + shortError(err)}
+	}
+	out := make([]clusterLinkState, 0, len(l.Items))
+	for i := range l.Items {
+		out = append(out, clusterLinkStateOf(&l.Items[i]))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func clusterLinkStateOf(cl *v1alpha1.ClusterLink) clusterLinkState {
+	st := clusterLinkState{Name: cl.Name, Leaders: []string{}, Synced: metav1.ConditionUnknown, Reachable: metav1.ConditionUnknown}
+	for _, l := range cl.Status.Leaders {
+		st.Leaders = append(st.Leaders, l.Name)
+	}
+	for _, t := range []string{clusterlink.ConditionSynced, clusterlink.ConditionReachable} {
+		c := meta.FindStatusCondition(cl.Status.Conditions, t)
+		if c == nil {
+			continue
+		}
+		if t == clusterlink.ConditionSynced {
+			st.Synced = c.Status
+		} else {
+			st.Reachable = c.Status
+		}
+		if c.Status != metav1.ConditionTrue && st.Message == "" {
+			st.Message = c.Message
+		}
+	}
+	return st
 }

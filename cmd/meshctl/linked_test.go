@@ -17,6 +17,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"meshd.io/meshd/pkg/clusterlink"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
@@ -122,5 +123,54 @@ func TestStatusLinkSecretsForbidden(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, "LINKED CLUSTERS") || !strings.Contains(r.stdout, "WIREGUARD LINKS") {
 		t.Errorf("status without links:\n%s", r.stdout)
+	}
+}
+
+// TestStatusShowsClusterLinks: with the link controller, status shows its
+// ClusterLinks (what the nodes peer with) and lists a link that is not
+// synced or not reachable as a problem; without the CRD there is no section.
+func TestStatusShowsClusterLinks(t *testing.T) {
+	cond := func(typ string, st metav1.ConditionStatus, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: st, Reason: "Test", Message: msg}
+	}
+	ok := &v1alpha1.ClusterLink{ObjectMeta: metav1.ObjectMeta{Name: "c2"}, Status: v1alpha1.ClusterLinkStatus{
+		Leaders:    []v1alpha1.ClusterLinkLeader{{Name: "c2-a"}, {Name: "c2-b"}},
+		Conditions: []metav1.Condition{cond(clusterlink.ConditionSynced, metav1.ConditionTrue, ""), cond(clusterlink.ConditionReachable, metav1.ConditionTrue, "")},
+	}}
+	down := &v1alpha1.ClusterLink{ObjectMeta: metav1.ObjectMeta{Name: "c3"}, Status: v1alpha1.ClusterLinkStatus{
+		Leaders: []v1alpha1.ClusterLinkLeader{{Name: "c3-a"}},
+		Conditions: []metav1.Condition{cond(clusterlink.ConditionSynced, metav1.ConditionTrue, ""),
+			cond(clusterlink.ConditionReachable, metav1.ConditionFalse, "cluster c3: connection refused; last known leaders kept")},
+	}}
+	nodes, leases, peers := fixture()
+	kube := kubefake.NewClientset(append(nodes, leases...)...)
+	md := meshdfake.NewSimpleClientset(append(peers, ok, down)...)
+	r := runMeshctlWith(t, kube, md, nil, "status")
+	for _, want := range []string{
+		"CLUSTER LINKS (link controller)",
+		"c2    True    True       c2-a,c2-b",
+		"c3    True    False      c3-a            cluster c3: connection refused; last known leaders kept",
+		"- cluster link c3 (link controller): synced True, reachable False: cluster c3: connection refused; last known leaders kept",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "cluster link c2 ") {
+		t.Errorf("a synced, reachable link listed as a problem:\n%s", r.stdout)
+	}
+	j := runMeshctlWith(t, kube, md, nil, "status", "-o", "json")
+	if !strings.Contains(j.stdout, `"clusterLinks": [`) || !strings.Contains(j.stdout, `"reachable": "False"`) {
+		t.Errorf("json lacks the cluster links:\n%s", j.stdout)
+	}
+
+	// No CRD (the link controller is not installed): no section, no note.
+	md2 := meshdfake.NewSimpleClientset(peers...)
+	md2.PrependReactor("list", "clusterlinks", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(v1alpha1.Resource("clusterlinks"), "")
+	})
+	r = runMeshctlWith(t, kube, md2, nil, "status")
+	if strings.Contains(r.stdout, "CLUSTER LINKS") || strings.Contains(r.stderr, "cluster links") {
+		t.Errorf("cluster links shown without the CRD:\nstdout %s\nstderr %s", r.stdout, r.stderr)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/pkg/mesh"
 )
@@ -30,7 +31,10 @@ type statusReport struct {
 	Locations      []statusLocation `json:"locations"`
 	Peers          []statusPeer     `json:"peers"`
 	LinkedClusters []statusLinked   `json:"linkedClusters"`
-	Links          []statusLink     `json:"links"`
+	// ClusterLinks are the link controller's ClusterLinks (meshd link):
+	// what the nodes peer with when the controller runs.
+	ClusterLinks []statusClusterLink `json:"clusterLinks"`
+	Links        []statusLink        `json:"links"`
 	// Problems are what the table lists under PROBLEMS; any makes the
 	// exit code 1.
 	Problems []string `json:"problems"`
@@ -77,6 +81,14 @@ type statusLinked struct {
 	Error string `json:"error,omitempty"`
 }
 
+type statusClusterLink struct {
+	Name      string   `json:"name"`
+	Leaders   []string `json:"leaders"`
+	Synced    string   `json:"synced"`
+	Reachable string   `json:"reachable"`
+	Message   string   `json:"message,omitempty"`
+}
+
 type statusLink struct {
 	From string `json:"from"`
 	To   string `json:"to"`
@@ -97,6 +109,7 @@ func newStatusReport(m *model) *statusReport {
 		Locations:      []statusLocation{},
 		Peers:          []statusPeer{},
 		LinkedClusters: []statusLinked{},
+		ClusterLinks:   []statusClusterLink{},
 		Links:          []statusLink{},
 		Problems:       []string{},
 		SettingsFrom:   settingsFrom(m.Published),
@@ -160,6 +173,14 @@ func newStatusReport(m *model) *statusReport {
 		}
 		r.LinkedClusters = append(r.LinkedClusters, sl)
 	}
+	var linkProblems []string
+	for _, cl := range m.ClusterLinks {
+		r.ClusterLinks = append(r.ClusterLinks, statusClusterLink{Name: cl.Name, Leaders: cl.Leaders,
+			Synced: string(cl.Synced), Reachable: string(cl.Reachable), Message: cl.Message})
+		if cl.Synced == metav1.ConditionFalse || cl.Reachable == metav1.ConditionFalse {
+			linkProblems = append(linkProblems, fmt.Sprintf("cluster link %s (link controller): synced %s, reachable %s: %s", cl.Name, cl.Synced, cl.Reachable, orDash(cl.Message)))
+		}
+	}
 	ls, problems := m.links()
 	problems = append(problems, m.Published.Problems...)
 	for _, l := range ls {
@@ -178,6 +199,7 @@ func newStatusReport(m *model) *statusReport {
 		}
 	}
 	r.Problems = append(r.Problems, problems...)
+	r.Problems = append(r.Problems, linkProblems...)
 	return r
 }
 
@@ -245,6 +267,14 @@ func renderStatusTable(r *statusReport, now time.Time) string {
 				list(lc.ServiceCIDRs), list(lc.Leaders), tokenExpiry(exp, now), state})
 		}
 		table("LINKED CLUSTERS", "CLUSTER\tSECRET\tSERVER\tSERVICE CIDRS\tPEERS (REMOTE LEADERS)\tTOKEN EXPIRES\tSTATE", rows)
+	}
+
+	if len(r.ClusterLinks) > 0 {
+		rows = nil
+		for _, cl := range r.ClusterLinks {
+			rows = append(rows, []string{cl.Name, cl.Synced, cl.Reachable, list(cl.Leaders), orDash(cl.Message)})
+		}
+		table("CLUSTER LINKS (link controller)", "NAME\tSYNCED\tREACHABLE\tREMOTE LEADERS\tMESSAGE", rows)
 	}
 
 	rows = nil
@@ -353,6 +383,9 @@ func (e *env) statusOnce(ctx context.Context) (*statusReport, error) {
 	defer cancel()
 	var notes []string
 	m.Linked, notes = e.linkedClusters(lctx, m)
+	var clNotes []string
+	m.ClusterLinks, clNotes = e.clusterLinks(lctx)
+	notes = append(notes, clNotes...)
 	for _, n := range notes {
 		fmt.Fprintf(e.stderr, "meshctl: %s\n", n)
 	}
