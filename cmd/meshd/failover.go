@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
@@ -238,7 +240,31 @@ func (d *daemon) setupFailover(rulePriority int) error {
 		return fmt.Errorf("tunnel probes: %w", err)
 	}
 	d.tunnel = t
+	d.reg.MustRegister(tunnelCollector{t.Results})
 	return nil
+}
+
+// tunnelCollector exposes the tunnel probes as
+// meshd_linked_cluster_tunnel_up{cluster}: 1 while an address of the linked
+// cluster answers through the tunnel, 0 once none answers and one stopped
+// (what the node publishes in meshd.io/clusters-down), no series while
+// unknown (nothing answered yet, or this node probes no tunnel: it leads
+// no location).
+type tunnelCollector struct{ results func() map[string]probe.State }
+
+var descTunnelUp = prometheus.NewDesc("meshd_linked_cluster_tunnel_up",
+	"Whether a linked cluster answers ICMP probes through the WireGuard tunnel from this node (1), or stopped answering (0); absent while unknown.",
+	[]string{"cluster"}, nil)
+
+func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTunnelUp }
+
+func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
+	up, down := clusterReport(c.results())
+	for v, clusters := range [][]string{down, up} {
+		for _, name := range clusters {
+			ch <- prometheus.MustNewConstMetric(descTunnelUp, prometheus.GaugeValue, float64(v), name)
+		}
+	}
 }
 
 // runTunnelProbes runs the tunnel prober. Without its ICMP socket (no

@@ -3,7 +3,11 @@ package main
 import (
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"meshd.io/meshd/pkg/mesh"
 	"meshd.io/meshd/pkg/probe"
@@ -45,5 +49,25 @@ func TestClusterReport(t *testing.T) {
 	})
 	if !reflect.DeepEqual(up, []string{"c2", "c4"}) || !reflect.DeepEqual(down, []string{"c3"}) {
 		t.Errorf("clusterReport = up %v down %v, want up [c2 c4] down [c3]", up, down)
+	}
+}
+
+// meshd_linked_cluster_tunnel_up follows clusterReport: 1 up, 0 down, no
+// series for a cluster whose tunnel is unknown.
+func TestTunnelUpMetric(t *testing.T) {
+	results := map[string]probe.State{"c2/10.4.0.1": probe.Up, "c3/10.5.0.1": probe.Down, "c5/10.7.0.1": probe.Unknown}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(tunnelCollector{func() map[string]probe.State { return results }})
+	want := `# HELP meshd_linked_cluster_tunnel_up Whether a linked cluster answers ICMP probes through the WireGuard tunnel from this node (1), or stopped answering (0); absent while unknown.
+# TYPE meshd_linked_cluster_tunnel_up gauge
+meshd_linked_cluster_tunnel_up{cluster="c2"} 1
+meshd_linked_cluster_tunnel_up{cluster="c3"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshd_linked_cluster_tunnel_up"); err != nil {
+		t.Error(err)
+	}
+	results = map[string]probe.State{"c3/10.5.0.1": probe.Up}
+	if n := testutil.CollectAndCount(reg, "meshd_linked_cluster_tunnel_up"); n != 1 {
+		t.Errorf("%d series after c2 became unknown and c3 came back, want 1", n)
 	}
 }
