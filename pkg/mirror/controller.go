@@ -156,10 +156,10 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 	}
 	if opts.ClusterID != "" && opts.LocalDynamic != nil {
 		c.mcs = newMCS(c)
-		if c.opts.Health == nil && c.opts.LeaseNamespace != "" {
-			c.tunnel = newLeaseHealth(c.now)
-			c.opts.Health = c.tunnel
-		}
+	}
+	if c.opts.Health == nil && c.opts.LeaseNamespace != "" {
+		c.tunnel = newLeaseHealth(c.now)
+		c.opts.Health = c.tunnel
 	}
 	c.factory = informers.NewSharedInformerFactory(local, opts.Resync)
 	c.sliceFactory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync,
@@ -482,7 +482,7 @@ func (c *Controller) reconcile(ctx context.Context, k Key) (result, error) {
 		// mirror Service, this cluster's endpoints added to it. When its
 		// owner goes, the key is queued again and takes the Service over.
 		c.block(k, existing.Namespace+"/"+existing.Name)
-		w, err := c.applySlices(ctx, k, name, existing, desiredSlices(k, name, src, r.endpointSlices(k.Namespace, k.Name)))
+		w, err := c.applySlices(ctx, k, name, existing, c.mirrorSlices(k, name, src, r))
 		return result{wrote: w, mirrored: true, merged: true}, err
 	}
 	if existing != nil && !ownedBy(existing, k) {
@@ -504,8 +504,42 @@ func (c *Controller) reconcile(ctx context.Context, k Key) (result, error) {
 	if err != nil {
 		return result{wrote: wrote}, err
 	}
-	w2, err := c.applySlices(ctx, k, name, svc, desiredSlices(k, name, src, r.endpointSlices(k.Namespace, k.Name)))
+	w2, err := c.applySlices(ctx, k, name, svc, c.mirrorSlices(k, name, src, r))
 	return result{wrote: wrote || w2, mirrored: true}, err
+}
+
+// mirrorSlices are the desired EndpointSlices of the mirror of src (from
+// r): while the data plane says r's tunnel is down, every endpoint is not
+// ready and not serving (the slices stay, so nothing is deleted and the
+// tunnel coming back restores them), as for MCS imports.
+func (c *Controller) mirrorSlices(k Key, name string, src *corev1.Service, r *remote) []*discoveryv1.EndpointSlice {
+	out := desiredSlices(k, name, src, r.endpointSlices(k.Namespace, k.Name))
+	if c.tunnelDown(r) {
+		for _, sl := range out {
+			for i := range sl.Endpoints {
+				sl.Endpoints[i].Conditions.Ready, sl.Endpoints[i].Conditions.Serving = ptr(false), ptr(false)
+			}
+		}
+	}
+	return out
+}
+
+// tunnelDown: the data plane (Options.Health) says the tunnel to r's
+// cluster, by its cluster ID or its link name, is down.
+func (c *Controller) tunnelDown(r *remote) bool {
+	h := c.opts.Health
+	if h == nil {
+		return false
+	}
+	if up, known := h.Reachable(r.clusterID); known && !up {
+		return true
+	}
+	if r.clusterID != r.Name {
+		if up, known := h.Reachable(r.Name); known && !up {
+			return true
+		}
+	}
+	return false
 }
 
 // mergeable: existing is meshd's same-name mirror of the Service k names,

@@ -305,20 +305,7 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 // notReady: the data plane says the cluster is unreachable, or its API has
 // not answered for longer than the grace period.
 func (m *mcsController) notReady(r *remote) bool {
-	if r.isExpired() {
-		return true
-	}
-	if h := m.c.opts.Health; h != nil {
-		if up, known := h.Reachable(r.clusterID); known && !up {
-			return true
-		}
-		if r.clusterID != r.Name {
-			if up, known := h.Reachable(r.Name); known && !up {
-				return true
-			}
-		}
-	}
-	return false
+	return r.isExpired() || m.c.tunnelDown(r)
 }
 
 func (m *mcsController) localImport(nn types.NamespacedName) (*mcsv1beta1.ServiceImport, error) {

@@ -131,7 +131,7 @@ func (h *leaseHealth) down() []string {
 const tunnelSyncWait = 10 * time.Second
 
 // runTunnelHealth watches the local heartbeat Leases and queues every
-// source cluster's imports when a tunnel judgement changes: at once on a
+// source cluster's imports and mirrors when a tunnel judgement changes: at once on a
 // Lease change, and at least every second (a Lease expiring). It closes
 // synced after the first judgement from a synced cache, so a restarted
 // mirror does not write endpoints ready before it knows the tunnels.
@@ -180,7 +180,11 @@ func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth, synced
 			for _, r := range c.remotes {
 				c.mcs.enqueueSource(r)
 			}
+			names := slices.Collect(maps.Keys(c.remotes))
 			c.mu.Unlock()
+			for _, name := range names {
+				c.enqueueCluster(name) // the <name>-<cluster> mirrors
+			}
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -68,5 +70,37 @@ func TestEndpointsFollowTheTunnel(t *testing.T) {
 	eventually(t, state(true, true))
 	if _, known := e.c.opts.Health.Reachable("c2"); known {
 		t.Error("a stale report still counts")
+	}
+}
+
+// TestMirrorsFollowTheTunnel: the Linkerd-style mirrors follow the tunnel
+// as the MCS imports do: a location leader reporting the tunnel to c1 down
+// turns the mirror's endpoint not ready (the Service and slice stay), the
+// tunnel up again ready.
+func TestMirrorsFollowTheTunnel(t *testing.T) {
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("leader1"), Namespace: "meshd-system", ResourceVersion: "1",
+			Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy},
+			Annotations: liveness.ReportAnnotations(liveness.Report{ClustersDown: []string{"c1"}})},
+		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(40))},
+	}
+	e := start(t, Options{LeaseNamespace: "meshd-system"}, []runtime.Object{lease}, shopRemote("c1"))
+	// Created while the tunnel is down: not ready.
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", false, 80)
+	update := func(r liveness.Report, version string) {
+		t.Helper()
+		l := lease.DeepCopy()
+		l.ResourceVersion = version
+		l.Annotations = liveness.ReportAnnotations(r)
+		if _, err := e.local.CoordinationV1().Leases("meshd-system").Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(liveness.Report{ClustersUp: []string{"c1"}}, "2")
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+	update(liveness.Report{ClustersDown: []string{"c1"}}, "3")
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", false, 80)
+	if s := e.slices("shop", "web")[0]; deref(s.Endpoints[0].Conditions.Serving) {
+		t.Error("a mirror endpoint behind a down tunnel still serving")
 	}
 }
