@@ -31,8 +31,9 @@ func TestLeaseInformerScope(t *testing.T) {
 			c := &config{Hostname: "n1", LeaseNamespace: "meshd-system", Granularity: tc.granularity}
 			inf := informers.NewSharedInformerFactoryWithOptions(cs, 0, leaseInformerOptions(c)...).Coordination().V1().Leases().Informer()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			go inf.RunWithContext(ctx)
+			done := make(chan struct{})
+			defer func() { cancel(); <-done }() // no informer goroutine outlives the test
+			go func() { defer close(done); inf.RunWithContext(ctx) }()
 			if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 				t.Fatal("lease informer did not sync")
 			}
