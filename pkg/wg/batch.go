@@ -11,9 +11,28 @@ import (
 // device's BatchSize (conn.IdealBatchSize, 128, on Linux), and each UDP
 // receive goroutine (IPv4 and IPv6) and the TUN reader hold that many 64 KB
 // buffers for the device's life: 24 MB per device whatever the peer count,
-// most of an idle node's heap. Capped, they hold 3 × 16 × 64 KB = 3 MB, plus
-// a 0.45 MB receive arena per UDP socket (batchReceiver).
-const inProcessBatchSize = 16
+// 40 % of the live heap of a device with 1,000 idle peers. Capped at 32,
+// they hold 3 × 32 × 64 KB = 6 MB, plus a 0.45 MB receive arena per UDP
+// socket (batchReceiver).
+//
+// Chosen by measurement (2026-11-25, 2 shared cores): the live heap of one
+// device with 1,000 peers, idle, in a process of its own
+// (`go test -run '^$' -bench InProcessMemory -benchtime=1x ./pkg/wg`), and
+// TCP throughput through two in-process devices as a ratio to two
+// wireguard-go processes (which keep 128) in the same run, median of paired
+// rounds, over 2-3 runs of 5-7 rounds (`ROUNDS=5 hack/wg-throughput.sh`):
+//
+//	batch  live heap  throughput ratio
+//	128    57.6 MB    1.02-1.05
+//	64     43.2 MB    1.01-1.05
+//	32     35.1 MB    0.91-0.95
+//	16     30.9 MB    0.70
+//
+// 16 costs 30 % of the throughput (TSO packets of 16 segments instead of
+// up to 48 at MTU 1420, and fewer segments coalesced per TUN write); 32
+// about 5 %, near this machine's noise; 64 nothing measurable, for 8 MB more
+// heap than 32.
+const inProcessBatchSize = 32
 
 // maxSegment is wireguard-go's largest UDP datagram (device.MaxSegmentSize).
 const maxSegment = 1<<16 - 1
