@@ -65,7 +65,7 @@ func BenchmarkInProcessMemory(b *testing.B) {
 	requireRoot(b)
 	peers := envInt("MESHD_WG_MEMORY_PEERS", 1000)
 	secs := envInt("MESHD_WG_MEMORY_SECONDS", 3)
-	mb := func(v uint64) float64 { return float64(v) / (1 << 20) }
+	mb := func(v uint64) float64 { return float64(v) / 1e6 }
 	for range b.N {
 		na, nb := &node{ns: newNSHandle(b), name: uniqueName(b)}, &node{ns: newNSHandle(b), name: uniqueName(b)}
 		veth(b, na.ns, nb.ns, "198.51.100.1/24", "198.51.100.2/24")
