@@ -407,7 +407,7 @@ func TestKernelThroughput(t *testing.T) {
 		}()
 		for _, n := range []*node{a, b} {
 			n.name = uniqueName(t)
-			stops = append(stops, startHelper(t, n.ns, n.name, n.cfg))
+			stops = append(stops, startHelper(t, n.ns, n.name, n.cfg).stop)
 		}
 		for _, n := range []*node{a, b} {
 			n.dev = mustOpenIn(t, n.ns, Options{Name: n.name, Mode: ModeUserspace, Logger: log})

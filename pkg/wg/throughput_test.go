@@ -65,7 +65,7 @@ func TestThroughput(t *testing.T) {
 		}()
 		for _, n := range []*node{a, b} {
 			n.name = uniqueName(t)
-			stops = append(stops, startHelper(t, n.ns, n.name, n.cfg))
+			stops = append(stops, startHelper(t, n.ns, n.name, n.cfg).stop)
 		}
 		for _, n := range []*node{a, b} {
 			n.dev = mustOpenIn(t, n.ns, Options{Name: n.name, Mode: ModeUserspace, Logger: log})
@@ -129,15 +129,21 @@ func TestThroughput(t *testing.T) {
 		median(ratios), ratios, median(meshd)/median(wggo))
 }
 
-// TestThroughputHelper is the meshd side of TestThroughput: an in-process
-// device configured from MESHD_WG_HELPER_CONFIG, run until stdin closes.
+// TestThroughputHelper is the meshd side of TestThroughput and
+// BenchmarkInProcessMemory: an in-process device configured from
+// MESHD_WG_HELPER_CONFIG, run until stdin closes. Each line "mem" on stdin is
+// answered with one line of JSON: the process's memory (memReport).
 func TestThroughputHelper(t *testing.T) {
 	name := os.Getenv("MESHD_WG_HELPER_NAME")
 	if name == "" {
 		t.Skip("helper process for TestThroughput")
 	}
+	js, err := os.ReadFile(os.Getenv("MESHD_WG_HELPER_CONFIG"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var cfg Config
-	if err := json.Unmarshal([]byte(os.Getenv("MESHD_WG_HELPER_CONFIG")), &cfg); err != nil {
+	if err := json.Unmarshal(js, &cfg); err != nil {
 		t.Fatal(err)
 	}
 	d, err := Open(context.Background(), Options{Name: name, Mode: ModeUserspace, MTU: 1420, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
@@ -152,17 +158,51 @@ func TestThroughputHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Stdout.WriteString("ready\n")
-	io.Copy(io.Discard, os.Stdin)
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if sc.Text() == "mem" {
+			js, _ := json.Marshal(readMem())
+			os.Stdout.Write(append(js, '\n'))
+		}
+	}
 }
 
-func startHelper(t *testing.T, ns netns.NsHandle, name string, cfg Config) (stop func()) {
+// helperProc is a running TestThroughputHelper.
+type helperProc struct {
+	stop  func()
+	stdin io.Writer
+	out   *bufio.Reader
+}
+
+// mem asks the helper for its memory figures.
+func (h *helperProc) mem(t testing.TB) memReport {
+	t.Helper()
+	if _, err := io.WriteString(h.stdin, "mem\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m memReport
+	if err := json.Unmarshal([]byte(line), &m); err != nil {
+		t.Fatalf("helper memory report %q: %v", line, err)
+	}
+	return m
+}
+
+func startHelper(t testing.TB, ns netns.NsHandle, name string, cfg Config) *helperProc {
 	t.Helper()
 	js, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestThroughputHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "MESHD_WG_HELPER_NAME="+name, "MESHD_WG_HELPER_CONFIG="+string(js), "MESHD_WG_THROUGHPUT=")
+	file := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(file, js, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "MESHD_WG_HELPER_NAME="+name, "MESHD_WG_HELPER_CONFIG="+file, "MESHD_WG_THROUGHPUT=")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -176,7 +216,7 @@ func startHelper(t *testing.T, ns netns.NsHandle, name string, cfg Config) (stop
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop = func() {
+	stop := func() {
 		stdin.Close()
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
@@ -187,12 +227,13 @@ func startHelper(t *testing.T, ns netns.NsHandle, name string, cfg Config) (stop
 			<-done
 		}
 	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
 	if err != nil || line != "ready\n" {
 		stop()
 		t.Fatalf("helper did not start: %q %v", line, err)
 	}
-	return stop
+	return &helperProc{stop: stop, stdin: stdin, out: out}
 }
 
 func median(xs []float64) float64 {

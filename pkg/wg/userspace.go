@@ -71,11 +71,21 @@ func goInNS(ns netns.NsHandle, log *slog.Logger, fn func()) {
 // For the same reason it caches the MTU: NativeTun.MTU asks the kernel
 // through a socket opened in the calling thread's namespace, so the pump
 // reads it on its pinned thread and the device gets the cached value.
+//
+// It also reports a BatchSize of at most inProcessBatchSize, once the link's
+// gso_max_segs is capped to the same number: with TSO on, the kernel hands
+// the TUN device TCP segments of up to 64 KB that wireguard-go splits into
+// one buffer per MSS-sized packet (about 48 at MTU 1420), and drops what
+// does not fit in a batch (tun.ErrTooManySegments); gso_max_segs makes the
+// kernel build no larger ones (segmenting forwarded ones itself).
 type pumpedTUN struct {
 	tun.Device
 	events chan tun.Event
 	mtu    atomic.Int64
+	batch  int
 }
+
+func (t *pumpedTUN) BatchSize() int { return t.batch }
 
 func (t *pumpedTUN) Events() <-chan tun.Event { return t.events }
 
@@ -149,7 +159,8 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 		return nil, fmt.Errorf("opening UAPI socket %s%s: %w", socketPath(name), hint, err)
 	}
 	dlog := log.With("component", "wireguard-go", "interface", name)
-	dev := device.NewDevice(pt, conn.NewDefaultBind(), deviceLogger(dlog))
+	bind := &batchBind{Bind: conn.NewDefaultBind(), batch: inProcessBatchSize, stride: receiveStride(mtu)}
+	dev := device.NewDevice(pt, bind, deviceLogger(dlog))
 	goInNS(nsDup, log, func() { pt.pump(dev, dlog) })
 
 	uapi, err := ipc.UAPIListen(name, uapiFile)
@@ -171,7 +182,8 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 	return u, nil
 }
 
-// createTUN creates the TUN device name in ns.
+// createTUN creates the TUN device name in ns, with its batch size capped
+// to inProcessBatchSize when the kernel takes the matching gso_max_segs.
 func createTUN(ns netns.NsHandle, name string, mtu int) (*pumpedTUN, error) {
 	var tdev tun.Device
 	var tunErr error
@@ -181,6 +193,12 @@ func createTUN(ns netns.NsHandle, name string, mtu int) (*pumpedTUN, error) {
 		if tdev, tunErr = tun.CreateTUN(name, mtu); tunErr == nil {
 			if m, err := tdev.MTU(); err == nil {
 				pt.mtu.Store(int64(m))
+			}
+			pt.batch = tdev.BatchSize()
+			if pt.batch > inProcessBatchSize {
+				if l, err := netlink.LinkByName(name); err == nil && netlink.LinkSetGSOMaxSegs(l, inProcessBatchSize) == nil {
+					pt.batch = inProcessBatchSize
+				}
 			}
 		}
 	}); err != nil {
