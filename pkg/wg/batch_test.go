@@ -251,3 +251,14 @@ func TestRootInProcessBatchStream(t *testing.T) {
 	}
 	t.Logf("%.0f MB/s", mbps)
 }
+
+// The receive arena's slots hold a jumbo-frame peer's datagrams whatever
+// this node's MTU, and this node's own at any MTU.
+func TestReceiveStride(t *testing.T) {
+	for _, mtu := range []int{576, 1280, 1420, 8921, 9000, 9400} {
+		s := receiveStride(mtu)
+		if s < 9000+32 || s < mtu+32 || s%64 != 0 {
+			t.Errorf("receiveStride(%d) = %d: want a multiple of 64 holding %d and %d bytes", mtu, s, 9000+32, mtu+32)
+		}
+	}
+}
