@@ -215,23 +215,45 @@ func TestPeer(t *testing.T) {
 	writes, deadline := 0, time.After(window)
 	seen := map[string]string{}
 	lastRV := ""
+	// resume watches again from the last event seen, so no write is missed
+	// or counted twice. The API server's watch cache may not have reached
+	// that revision yet: it answers with a Timeout whose cause is
+	// ResourceVersionTooLarge, retried here as client-go retries it.
+	resume := func(why string) {
+		t.Helper()
+		if lastRV == "" {
+			t.Fatalf("the Peer watch %s before its first event", why)
+		}
+		w.Stop()
+		for try := 0; ; try++ {
+			nw, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{ResourceVersion: lastRV})
+			if err == nil {
+				w = nw
+				return
+			}
+			if !tooLargeResourceVersion(err) || try == 50 {
+				t.Fatalf("resuming the Peer watch (%s): %v", why, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 watch:
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				// The API server may end a watch at any time (a loaded one
-				// does): resume from the last event seen, so no write is
-				// missed or counted twice.
-				if lastRV == "" {
-					t.Fatal("the Peer watch ended before its first event")
-				}
-				if w, err = tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{ResourceVersion: lastRV}); err != nil {
-					t.Fatalf("resuming the Peer watch: %v", err)
-				}
+				// does).
+				resume("ended")
 				continue
 			}
 			if ev.Type == watch.Error {
+				if err := apierrors.FromObject(ev.Object); tooLargeResourceVersion(err) {
+					t.Logf("the Peer watch's resume was ahead of the API server's watch cache (%v); retrying", err)
+					time.Sleep(100 * time.Millisecond)
+					resume("was ahead of the watch cache")
+					continue
+				}
 				t.Fatalf("the Peer watch failed: %v", ev.Object)
 			}
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
@@ -417,4 +439,10 @@ func TestMalformedAnnotations(t *testing.T) {
 	if err := pod(bad).Ping(ctx, pod(n1).IP, 1); err != nil {
 		t.Logf("note: pod on %s cannot reach %s: %v", bad.Name, n1.Name, err)
 	}
+}
+
+// tooLargeResourceVersion: the API server's watch cache has not reached the
+// revision a watch asked to start from yet (retry shortly).
+func tooLargeResourceVersion(err error) bool {
+	return apierrors.IsTimeout(err) && apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge)
 }
