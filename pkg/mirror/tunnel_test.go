@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
@@ -22,12 +23,7 @@ import (
 func TestEndpointsFollowTheTunnel(t *testing.T) {
 	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
 		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}))
-	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("leader1"), Namespace: "meshd-system", ResourceVersion: "1",
-			Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy},
-			Annotations: liveness.ReportAnnotations(liveness.Report{ClustersUp: []string{"c2"}})},
-		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(40))},
-	}
+	lease := reportLease(liveness.Report{ClustersUp: []string{"c2"}})
 	e := startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, append(localObjects(nil), lease), nil, c2)
 	state := func(ready, serving bool) func() error {
 		return func() error {
@@ -44,12 +40,7 @@ func TestEndpointsFollowTheTunnel(t *testing.T) {
 	}
 	update := func(r liveness.Report, version string) {
 		t.Helper()
-		l := lease.DeepCopy()
-		l.ResourceVersion = version
-		l.Annotations = liveness.ReportAnnotations(r)
-		if _, err := e.local.CoordinationV1().Leases("meshd-system").Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		updateReport(t, e.local, lease, r, version)
 	}
 	eventually(t, state(true, true))
 	if up, known := e.c.opts.Health.Reachable("c2"); !up || !known {
@@ -78,23 +69,13 @@ func TestEndpointsFollowTheTunnel(t *testing.T) {
 // turns the mirror's endpoint not ready (the Service and slice stay), the
 // tunnel up again ready.
 func TestMirrorsFollowTheTunnel(t *testing.T) {
-	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("leader1"), Namespace: "meshd-system", ResourceVersion: "1",
-			Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy},
-			Annotations: liveness.ReportAnnotations(liveness.Report{ClustersDown: []string{"c1"}})},
-		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(40))},
-	}
+	lease := reportLease(liveness.Report{ClustersDown: []string{"c1"}})
 	e := start(t, Options{LeaseNamespace: "meshd-system"}, []runtime.Object{lease}, shopRemote("c1"))
 	// Created while the tunnel is down: not ready.
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", false, 80)
 	update := func(r liveness.Report, version string) {
 		t.Helper()
-		l := lease.DeepCopy()
-		l.ResourceVersion = version
-		l.Annotations = liveness.ReportAnnotations(r)
-		if _, err := e.local.CoordinationV1().Leases("meshd-system").Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		updateReport(t, e.local, lease, r, version)
 	}
 	update(liveness.Report{ClustersUp: []string{"c1"}}, "2")
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
@@ -102,5 +83,26 @@ func TestMirrorsFollowTheTunnel(t *testing.T) {
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", false, 80)
 	if s := e.slices("shop", "web")[0]; deref(s.Endpoints[0].Conditions.Serving) {
 		t.Error("a mirror endpoint behind a down tunnel still serving")
+	}
+}
+
+// reportLease is the heartbeat Lease of a local leader publishing r.
+func reportLease(r liveness.Report) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("leader1"), Namespace: "meshd-system", ResourceVersion: "1",
+			Labels:      map[string]string{liveness.LabelManagedBy: liveness.ManagedBy},
+			Annotations: liveness.ReportAnnotations(r)},
+		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(40))},
+	}
+}
+
+// updateReport makes lease publish r at the given resourceVersion.
+func updateReport(t *testing.T, local kubernetes.Interface, lease *coordinationv1.Lease, r liveness.Report, version string) {
+	t.Helper()
+	l := lease.DeepCopy()
+	l.ResourceVersion = version
+	l.Annotations = liveness.ReportAnnotations(r)
+	if _, err := local.CoordinationV1().Leases("meshd-system").Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
