@@ -31,7 +31,9 @@ type settings struct {
 	topologyLabel  string
 	leaseNamespace string
 	leaseDuration  time.Duration
-	timeout        time.Duration
+	// leaderCandidates is the cluster's meshd --leader-candidates.
+	leaderCandidates int
+	timeout          time.Duration
 }
 
 // options turns the flags into planner options, validated like meshd's.
@@ -52,6 +54,9 @@ func (s settings) options() (mesh.Options, error) {
 	}
 	if s.leaseDuration <= 0 {
 		errs = append(errs, fmt.Errorf("--lease-duration %s: must be positive", s.leaseDuration))
+	}
+	if s.leaderCandidates < 1 {
+		errs = append(errs, fmt.Errorf("--leader-candidates %d: must be positive", s.leaderCandidates))
 	}
 	if s.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--request-timeout %s: must be positive", s.timeout))
@@ -139,10 +144,12 @@ type model struct {
 	Objs     map[string]*corev1.Node
 	PeerObjs map[string]*v1alpha1.Peer
 	Input    convert.MeshInput
-	// Live is what Local.Live gets (nil: every node live); Leases tells
-	// whether a node has a heartbeat Lease at all.
-	Live   map[string]bool
-	Leases map[string]bool
+	// Live is what Local.Live gets (nil: every node live); Candidates what
+	// Local.Candidates gets (the leader candidates: only they lead); Leases
+	// tells whether a node has a heartbeat Lease at all.
+	Live       map[string]bool
+	Candidates map[string]bool
+	Leases     map[string]bool
 	// Reports are the probe reports the nodes publish on their Leases.
 	Reports map[string]liveness.Report
 	// Topo is the cluster-wide topology (no local node).
@@ -189,12 +196,13 @@ func newModel(ctx context.Context, s *snapshot, opts mesh.Options, set settings,
 	m.Notes = outsideMeshCIDR(m.Input.Nodes, opts.MeshCIDRs)
 	if s.Leases != nil {
 		m.Live, m.Leases = leaseLiveness(s.Leases, set.leaseDuration, now)
-		// The data-plane votes the nodes publish on their Leases, judged
-		// as every meshd judges them (docs/failover.md).
+		// The leader candidates and the data-plane votes they publish on
+		// their Leases, judged as every meshd judges them
+		// (docs/failover.md).
 		m.Reports = leaseReports(s.Leases)
-		m.Live = liveness.Judge(m.Live, m.Reports, convert.LocationKeys(m.Input.Nodes, opts.Granularity))
+		m.Live, m.Candidates = judgeCandidates(m.Live, m.Reports, m.Input.Nodes, opts.Granularity, set.leaderCandidates)
 	}
-	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live}, opts)
+	t, err := mesh.NewTopology(m.Input.Nodes, m.Input.Peers, mesh.Local{Live: m.Live, Candidates: m.Candidates}, opts)
 	if err != nil {
 		return nil, fmt.Errorf("computing the topology: %w", err)
 	}
@@ -238,6 +246,21 @@ func leaseLiveness(leases []*coordinationv1.Lease, timeout time.Duration, now ti
 		}
 	}
 	return live, has
+}
+
+// judgeCandidates judges the nodes as the daemons do (liveness.Judge): by
+// their Leases and the probe reports of the leader candidates
+// (mesh.Candidates, walked with leaseLive), the only nodes that probe and
+// may lead.
+func judgeCandidates(leaseLive map[string]bool, reports map[string]liveness.Report, nodes []mesh.Node, g mesh.Granularity, k int) (live, candidates map[string]bool) {
+	candidates = mesh.Candidates(nodes, g, k, leaseLive)
+	votes := make(map[string]liveness.Report, len(candidates))
+	for n, r := range reports {
+		if candidates[n] {
+			votes[n] = r
+		}
+	}
+	return liveness.Judge(leaseLive, votes, convert.LocationKeys(nodes, g)), candidates
 }
 
 // leaseReports are the probe reports published on the heartbeat Leases.

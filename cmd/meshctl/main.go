@@ -116,6 +116,7 @@ so on stderr).`,
 	f.StringVar(&e.s.topologyLabel, "topology-label", convert.DefaultTopologyLabel, "the cluster's meshd --topology-label (Node label giving the location; default: what the nodes publish)")
 	f.StringVar(&e.s.leaseNamespace, "lease-namespace", liveness.DefaultNamespace, "the cluster's meshd --lease-namespace (heartbeat Leases, used to tell live nodes for leader election; default: what the nodes publish)")
 	f.DurationVar(&e.s.leaseDuration, "lease-duration", 40*time.Second, "the cluster's meshd --lease-duration: a node whose Lease was renewed longer ago counts as dead (default: what the nodes publish)")
+	f.IntVar(&e.s.leaderCandidates, "leader-candidates", mesh.DefaultLeaderCandidates, "the cluster's meshd --leader-candidates: how many live leader candidates each location keeps (default: what the nodes publish)")
 	f.DurationVar(&e.s.timeout, "request-timeout", 30*time.Second, "time limit for reading the cluster")
 	_ = root.RegisterFlagCompletionFunc("mesh-granularity", cobra.FixedCompletions([]string{"location", "full"}, cobra.ShellCompDirectiveNoFileComp))
 

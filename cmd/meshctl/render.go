@@ -57,7 +57,7 @@ func showNode(stdout, stderr io.Writer, m *model, name, format string) error {
 	if _, ok := m.Objs[name]; !ok {
 		return unknown("node", name, m.nodeNames())
 	}
-	plan, err := mesh.Build(m.Input.Nodes, m.Input.Peers, mesh.Local{NodeName: name, Live: m.Live}, m.Opts)
+	plan, err := mesh.Build(m.Input.Nodes, m.Input.Peers, mesh.Local{NodeName: name, Live: m.Live, Candidates: m.Candidates}, m.Opts)
 	if err != nil {
 		return fmt.Errorf("computing the plan of node %s: %w", name, err)
 	}

@@ -79,8 +79,8 @@ func readClusterSettings(nodes []*corev1.Node) clusterSettings {
 }
 
 // withPublished returns s with every mesh flag (--mesh-granularity,
-// --mesh-cidr, --port, --topology-label, --lease-namespace, --lease-duration)
-// that was not
+// --mesh-cidr, --port, --topology-label, --lease-namespace, --lease-duration,
+// --leader-candidates) that was not
 // given (changed reports whether it was; nil: none was) taken from p.
 func (s settings) withPublished(p convert.Settings, changed func(string) bool) (settings, []string) {
 	given := func(name string) bool { return changed != nil && changed(name) }
@@ -99,6 +99,9 @@ func (s settings) withPublished(p convert.Settings, changed func(string) bool) (
 	}
 	if !given("lease-namespace") && p.LeaseNamespace != "" {
 		s.leaseNamespace = p.LeaseNamespace
+	}
+	if !given("leader-candidates") && p.LeaderCandidates > 0 {
+		s.leaderCandidates = p.LeaderCandidates
 	}
 	if !given("lease-duration") && p.LeaseDuration != "" {
 		if d, err := time.ParseDuration(p.LeaseDuration); err == nil && d > 0 {
@@ -130,6 +133,9 @@ func (s settings) overridden(p convert.Settings, changed func(string) bool) []st
 	diff("topology-label", s.topologyLabel, pub.topologyLabel)
 	diff("lease-namespace", s.leaseNamespace, pub.leaseNamespace)
 	diff("lease-duration", s.leaseDuration, pub.leaseDuration)
+	if pub.leaderCandidates > 0 {
+		diff("leader-candidates", s.leaderCandidates, pub.leaderCandidates)
+	}
 	return out
 }
 

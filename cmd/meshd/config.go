@@ -47,6 +47,9 @@ type config struct {
 	// Leader failover (see failover.go).
 	ProbePort     int
 	TakeoverDelay time.Duration
+	// LeaderCandidates is how many live leader candidates a location keeps
+	// (mesh.Candidates).
+	LeaderCandidates int
 	// PeerMetricsLimit caps the per-peer metric series (peermetrics.go).
 	PeerMetricsLimit int
 	// DebugPprof is the address of the opt-in net/http/pprof listener;
@@ -92,6 +95,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.BoolVar(&c.ClusterLinks, "cluster-links", true, "peer with the clusters linked by `meshctl link`, as the link controller (`meshd link`) describes them in ClusterLink objects; nodes read no link Secret")
 	fs.IntVar(&c.ProbePort, "probe-port", 51821, "UDP port of the data-plane probes between nodes (leader failover within seconds: a leader that stops answering its location or the other locations is replaced); the same on every node; 0 turns probing off (failover by --lease-duration only)")
 	fs.DurationVar(&c.TakeoverDelay, "takeover-delay", 30*time.Second, "how long a node that came back (Lease renewed, probes answered) must stay healthy before it takes its location's leadership back")
+	fs.IntVar(&c.LeaderCandidates, "leader-candidates", mesh.DefaultLeaderCandidates, "how many live leader candidates each location keeps (the first in leader order: meshd.io/leader, a public endpoint, the name); only they may lead, probe each other and are watched by every node; the same on every node")
 	fs.IntVar(&c.PeerMetricsLimit, "peer-metrics-limit", defaultPeerMetricsLimit, "at most this many WireGuard peers get per-peer series (meshd_wireguard_peer_*): Peer objects and linked clusters first, then locations, then nodes; 0 turns per-peer series off (meshd_wireguard_peers_handshake_recent counts them all; see docs/metrics.md)")
 	fs.StringVar(&c.DebugPprof, "debug-pprof", "", "address of a separate listener for Go profiles (/debug/pprof/, e.g. 127.0.0.1:6060) for debugging CPU and memory; empty (the default) serves none. Never expose it beyond the node")
 	return fs
@@ -120,6 +124,9 @@ func (c *config) scalarErrors() []error {
 	}
 	if c.PeerMetricsLimit < 0 {
 		errs = append(errs, fmt.Errorf("--peer-metrics-limit %d: want 0 (off) or more", c.PeerMetricsLimit))
+	}
+	if c.LeaderCandidates < 2 || c.LeaderCandidates > maxLeaderCandidates {
+		errs = append(errs, fmt.Errorf("--leader-candidates %d: want 2 to %d (one is no failover; every node watches the Leases of this many nodes per location)", c.LeaderCandidates, maxLeaderCandidates))
 	}
 	if c.TakeoverDelay < 0 {
 		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))
@@ -183,9 +190,12 @@ func (c *config) options() (mesh.Options, error) {
 // Bounds of the duration flags.
 const (
 	minLeaseDuration = 2 * time.Second // the liveness expiry is checked every second
-	maxLeaseDuration = time.Hour
-	minResyncPeriod  = time.Second
-	maxResyncPeriod  = 24 * time.Hour
+	// maxLeaderCandidates bounds --leader-candidates: every node watches
+	// the Leases of this many nodes per location.
+	maxLeaderCandidates = 64
+	maxLeaseDuration    = time.Hour
+	minResyncPeriod     = time.Second
+	maxResyncPeriod     = 24 * time.Hour
 )
 
 // validate checks the flags options() does not: each problem is one error

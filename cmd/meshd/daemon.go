@@ -15,8 +15,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -56,27 +54,30 @@ type daemon struct {
 	reg  *prometheus.Registry
 	kube *connect.Clients
 
-	nodes, peers, leases cache.SharedIndexInformer
-	secrets              cache.SharedIndexInformer // Peer preshared keys
-	dns                  *dnscache.Resolver
-	queue                workqueue.TypedRateLimitingInterface[string]
-	coalesce             *coalescer
-	routes               *route.Manager
-	device               *wg.Manager
+	nodes, peers cache.SharedIndexInformer
+	leases       *leaseWatch               // the heartbeat Leases this node needs (leases.go)
+	secrets      cache.SharedIndexInformer // Peer preshared keys
+	dns          *dnscache.Resolver
+	queue        workqueue.TypedRateLimitingInterface[string]
+	coalesce     *coalescer
+	routes       *route.Manager
+	device       *wg.Manager
 	// clusterLinks caches the ClusterLinks the link controller writes
 	// (nil: --cluster-links=false). Nodes hold no link credentials.
 	clusterLinks cache.SharedIndexInformer
 	stopEvents   func() // flushes and stops the Event broadcaster
-	// prober and probeChanged: the data-plane failover signal (failover.go).
+	// prober: the data-plane failover signal (failover.go).
 	prober *probe.Prober
 	// tunnel probes the linked clusters' leaders through the tunnels
 	// (ICMP to their mesh addresses; failover.go).
-	tunnel       *probe.Prober
-	probeChanged chan struct{}
-	filter       nodeFilter
-	peerStatus   *convert.PeerStatusWriter
-	pingMu       sync.Mutex // one debug ping at a time (debug.go)
-	nextKey      wgtypes.Key
+	tunnel *probe.Prober
+	// republish asks the heartbeat to write what changed (a probe report,
+	// the candidacy) now rather than at the next renewal.
+	republish  chan struct{}
+	filter     nodeFilter
+	peerStatus *convert.PeerStatusWriter
+	pingMu     sync.Mutex // one debug ping at a time (debug.go)
+	nextKey    wgtypes.Key
 }
 
 func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) {
@@ -102,7 +103,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 	if mtu == 0 {
 		mtu = facts.wireGuardMTU()
 	}
-	d := &daemon{cfg: c, log: log, kube: clients, reg: prometheus.NewRegistry(), nextKey: nextKey}
+	d := &daemon{cfg: c, log: log, kube: clients, reg: prometheus.NewRegistry(), nextKey: nextKey, republish: make(chan struct{}, 1)}
 	exec, err := d.openExecutors(opts, key, mtu)
 	if err != nil {
 		return nil, err
@@ -185,6 +186,7 @@ func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) erro
 		log: log, opts: opts, node: c.Hostname, port: c.Port, topology: c.TopologyLabel, facts: facts,
 		sources: src, executors: exec, events: events, kube: writer, metrics: m, stateDir: c.StateDir,
 		nextKey: d.nextKey, peerStatus: d.peerStatus, settings: c.publishedSettings(opts.MeshCIDRs, opts.ServiceCIDRs).Encode(),
+		leaderCandidates: c.LeaderCandidates, republish: d.poke,
 	}
 	if d.prober != nil {
 		p.prober, p.probePort = d.prober, c.ProbePort
@@ -208,8 +210,11 @@ func (d *daemon) newSources() (sources, error) {
 	// every --resync-period instead.
 	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(leanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
-	leaseFactory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, leaseInformerOptions(c)...)
-	d.leases = leaseFactory.Coordination().V1().Leases().Informer()
+	leases, err := newLeaseWatch(clients.Kube, c, d.leaseHandler())
+	if err != nil {
+		return sources{}, fmt.Errorf("watching heartbeat Leases: %w", err)
+	}
+	d.leases = leases
 	d.peers = connect.NewPeerInformer(clients, noInformerResync)
 	if err := setTransform(d.peers, dropManagedFields); err != nil {
 		return sources{}, err
@@ -294,19 +299,12 @@ func sameVersion(old, cur any) bool {
 	return err1 == nil && err2 == nil && o.GetResourceVersion() != "" && o.GetResourceVersion() == c.GetResourceVersion()
 }
 
-// leaseInformerOptions: in location mesh meshd watches every node's
-// heartbeat Lease (liveness elects the leaders and their standbys). In full
-// mesh every node is its own location's only member, so no other node's
-// liveness changes the plan: meshd watches its own Lease only (the API
-// path's health, freeze.go), and a 1,000-node cluster's 100 renewals a
-// second reach no daemon (docs/scale.md).
-func leaseInformerOptions(c *config) []informers.SharedInformerOption {
-	opts := []informers.SharedInformerOption{informers.WithNamespace(c.LeaseNamespace), informers.WithTransform(dropManagedFields)}
-	if c.Granularity == string(mesh.GranularityFull) {
-		own := fields.OneTermEqualSelector("metadata.name", liveness.LeaseName(c.Hostname)).String()
-		opts = append(opts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = own }))
+// poke asks the heartbeat to publish what changed now.
+func (d *daemon) poke() {
+	select {
+	case d.republish <- struct{}{}:
+	default:
 	}
-	return opts
 }
 
 func (d *daemon) leaseHandler() cache.ResourceEventHandler {
@@ -374,7 +372,7 @@ func (d *daemon) secretHandler() cache.ResourceEventHandler {
 
 // synced reports whether every local cache has synced.
 func (d *daemon) synced() bool {
-	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.HasSynced() && d.secrets.HasSynced()
+	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.synced() && d.secrets.HasSynced()
 }
 
 // Run runs until ctx ends. Kernel state is left in place on return.
@@ -382,7 +380,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	for _, inf := range []struct {
 		i cache.SharedIndexInformer
 		h cache.ResourceEventHandler
-	}{{d.nodes, d.nodeHandler()}, {d.peers, d.handler()}, {d.leases, d.leaseHandler()}, {d.secrets, d.secretHandler()}} {
+	}{{d.nodes, d.nodeHandler()}, {d.peers, d.handler()}, {d.secrets, d.secretHandler()}} {
 		if _, err := inf.i.AddEventHandler(inf.h); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}
@@ -393,7 +391,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	add(func(ictx context.Context) error {
 		go d.nodes.RunWithContext(ictx)
 		go d.peers.RunWithContext(ictx)
-		go d.leases.RunWithContext(ictx)
+		go d.leases.Run(ictx)
 		go d.secrets.RunWithContext(ictx)
 		<-ictx.Done()
 		return nil

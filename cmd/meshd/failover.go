@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -23,88 +22,46 @@ import (
 // Leader failover: wiring of the data-plane signal (pkg/probe) into the
 // liveness decisions (liveness.Liveness). The flow stays one way:
 //
-//	prober (UDP echo on the underlay) → its results → this node's heartbeat
-//	Lease (meshd.io/probe-up/-down, written when they change) → every
-//	node's Lease informer → liveness.Liveness (Judge: lease-live and not voted
-//	down) → mesh.Local.Live/Settling → plan.
+//	prober (UDP echo on the underlay, among leader candidates) → its
+//	results → this node's heartbeat Lease (meshd.io/probe-up/-down,
+//	written when they change) → every node's Lease informer (the
+//	candidates' Leases) → liveness.Liveness (Judge: lease-live and not
+//	voted down) → mesh.Local.Live/Settling → plan.
 //
 // Every node decides from the same published reports, so they agree on the
 // leaders; the reconcile only hands the prober its targets.
 
-// remoteCandidates is how many members of another location a node probes
-// besides that location's current leader: the first ones in the order the
-// planner prefers leaders (meshd.io/leader, then a public endpoint, then
-// name). The order does not depend on liveness, so the set is stable and
-// a demoted leader is still probed (its recovery is seen).
-const remoteCandidates = 3
-
-// probeTargets are the nodes self probes: every other WireGuard member of
-// its own location at its internal IP, and in every other location with a
-// choice of leaders, the current leader and the first remoteCandidates
-// candidates at their endpoint address. Locations of one node are not
-// probed: there is nothing to choose.
-func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, leaders map[string]string, port int) []probe.Target {
-	var zero [32]byte
-	byLoc := map[string][]*mesh.Node{}
+// probeTargets are the nodes self probes, if it is a leader candidate
+// (mesh.Candidates; only candidates lead, so only they are judged and
+// vote): every other candidate with an observed Lease (judged), of its own
+// location at its internal IP, of every other location at its endpoint
+// address. Probing is thus bounded by the candidates (k per location), not
+// by the cluster's size, and a non-candidate neither probes nor is probed.
+func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, candidates, judged map[string]bool, port int) []probe.Target {
+	if !candidates[self] {
+		return nil
+	}
 	selfLoc := ""
-	for i := range nodes {
-		n := &nodes[i]
-		k := convert.LocationKey(*n, g)
+	for _, n := range nodes {
 		if n.Name == self {
-			selfLoc = k
+			selfLoc = convert.LocationKey(n, g)
 		}
-		if n.PublicKey == zero && n.Name != self {
-			continue
-		}
-		byLoc[k] = append(byLoc[k], n)
 	}
 	var out []probe.Target
-	for k, members := range byLoc {
-		if len(members) < 2 {
+	for _, n := range nodes {
+		if n.Name == self || !candidates[n.Name] || !judged[n.Name] {
 			continue
 		}
-		if k == selfLoc {
-			for _, n := range members {
-				if n.Name != self && len(n.InternalIPs) > 0 {
-					out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(preferV4(n.InternalIPs), uint16(port))})
-				}
+		if convert.LocationKey(n, g) == selfLoc {
+			if len(n.InternalIPs) > 0 {
+				out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(preferV4(n.InternalIPs), uint16(port))})
 			}
-			continue
-		}
-		leader := ""
-		if len(members) > 0 && members[0].Location != "" {
-			leader = leaders[members[0].Location]
-		}
-		slices.SortFunc(members, func(a, b *mesh.Node) int {
-			return cmp.Or(
-				boolFirst(a.Name == leader, b.Name == leader),
-				boolFirst(a.PreferLeader, b.PreferLeader),
-				boolFirst(a.PublicEndpoint, b.PublicEndpoint),
-				strings.Compare(a.Name, b.Name))
-		})
-		picked := 0
-		for _, n := range members {
-			if picked > remoteCandidates {
-				break
-			}
-			if a := n.Endpoint.Addr.Addr(); a.IsValid() {
-				out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))})
-				picked++
-			}
+		} else if a := n.Endpoint.Addr.Addr(); a.IsValid() {
+			out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))})
 		}
 	}
 	slices.SortFunc(out, func(a, b probe.Target) int { return strings.Compare(a.Name, b.Name) })
 	return out
-}
-
-func boolFirst(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return -1
-	}
-	return 1
 }
 
 // Tunnel probes: a location leader sends ICMP echo requests, unmarked, to
@@ -207,20 +164,14 @@ func (d *daemon) setupFailover(rulePriority int) error {
 	if d.cfg.ProbePort == 0 {
 		return nil
 	}
-	d.probeChanged = make(chan struct{}, 1)
 	health := &forwardingHealth{}
 	p, err := probe.New(probe.Options{
 		Port: d.cfg.ProbePort,
 		// Probes skip meshd's table: they test the underlay path.
 		Mark: probe.DefaultMark, RulePriority: rulePriority - 1,
-		Healthy: health.Healthy,
-		OnChange: func() {
-			select {
-			case d.probeChanged <- struct{}{}:
-			default:
-			}
-		},
-		Logger: d.log,
+		Healthy:  health.Healthy,
+		OnChange: d.poke,
+		Logger:   d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("--probe-port: %w", err)
@@ -228,13 +179,8 @@ func (d *daemon) setupFailover(rulePriority int) error {
 	d.prober = p
 	t, err := probe.New(probe.Options{
 		Port: d.cfg.ProbePort, ICMP: true, DownAfter: tunnelDownAfter, UpAfter: 1,
-		OnChange: func() {
-			select {
-			case d.probeChanged <- struct{}{}:
-			default:
-			}
-		},
-		Logger: d.log.With("probes", "tunnel"),
+		OnChange: d.poke,
+		Logger:   d.log.With("probes", "tunnel"),
 	})
 	if err != nil {
 		return fmt.Errorf("tunnel probes: %w", err)
@@ -295,8 +241,9 @@ func (d *daemon) runHeartbeat(ctx context.Context) error {
 			}
 		},
 	}
+	o.Trigger, o.Candidate = d.republish, d.rec.candidacy.get
 	if d.prober != nil {
-		o.Report, o.Trigger = probeReport(d.prober, d.tunnel), d.probeChanged
+		o.Report = probeReport(d.prober, d.tunnel)
 	}
 	return liveness.RunHeartbeatWith(ctx, d.kube.Kube, o)
 }

@@ -34,17 +34,33 @@ func TestProbeTargets(t *testing.T) {
 	tg := func(name, ip string) probe.Target {
 		return probe.Target{Name: name, Addr: netip.AddrPortFrom(netip.MustParseAddr(ip), 51821)}
 	}
-	// b's leader is b6 (say b5 died): probed, plus the first three
-	// candidates in preference order (b5 preferred, then by name).
-	got := probeTargets(nodes, "a1", mesh.GranularityLocation, map[string]string{"a": "a1", "b": "b6", "c": "c1"}, 51821)
+	// k=3: a's candidates a1, a2, a3 (a4 has no key); b's are b5
+	// (preferred), b1, b2, and, b1 being dead and b3's Lease never seen,
+	// b3 and b4 too; c1 is alone. A candidate probes every other candidate
+	// with an observed Lease (not b3): its own location's at the internal
+	// IP, the others' at the endpoint.
+	live := map[string]bool{"a1": true, "a2": true, "a3": true, "b1": false, "b2": true, "b4": true, "b5": true, "b6": true, "c1": true}
+	cands := mesh.Candidates(nodes, mesh.GranularityLocation, 3, live)
+	if want := map[string]bool{"a1": true, "a2": true, "a3": true, "b5": true, "b1": true, "b2": true, "b3": true, "b4": true}; !reflect.DeepEqual(cands, want) {
+		t.Fatalf("candidates %v, want %v", cands, want)
+	}
+	judged := map[string]bool{}
+	for n := range live {
+		judged[n] = cands[n]
+	}
+	got := probeTargets(nodes, "a1", mesh.GranularityLocation, cands, judged, 51821)
 	want := []probe.Target{
 		tg("a2", "198.51.100.11"), tg("a3", "198.51.100.12"),
-		tg("b1", "203.0.113.1"), tg("b2", "203.0.113.2"), tg("b5", "203.0.113.5"), tg("b6", "203.0.113.6"),
+		tg("b1", "203.0.113.1"), tg("b2", "203.0.113.2"), tg("b4", "203.0.113.4"), tg("b5", "203.0.113.5"),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("probeTargets =\n%v\nwant\n%v", got, want)
 	}
-	if got := probeTargets(nodes, "a1", mesh.GranularityFull, nil, 51821); len(got) != 0 {
+	if got := probeTargets(nodes, "b6", mesh.GranularityLocation, cands, judged, 51821); len(got) != 0 {
+		t.Errorf("b6 is no candidate: it probes nothing, got %v", got)
+	}
+	full := mesh.Candidates(nodes, mesh.GranularityFull, 3, live)
+	if got := probeTargets(nodes, "a1", mesh.GranularityFull, full, judged, 51821); len(got) != 0 {
 		t.Errorf("full mesh: every node leads itself, nothing to probe: %v", got)
 	}
 	keys := convert.LocationKeys([]mesh.Node{{Name: "x", Location: "a"}, {Name: "y"}}, mesh.GranularityLocation)

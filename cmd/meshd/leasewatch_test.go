@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -15,66 +16,83 @@ import (
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
-// TestLeaseInformerScope: in location mesh meshd lists and watches every
-// heartbeat Lease; in full mesh only its own (no other node's liveness
-// changes a full-mesh plan), so other nodes' renewals never reach it.
+// leaseLists lists the field and label selectors of every Lease LIST.
+func leaseLists(t *testing.T, cs *fake.Clientset) []string {
+	t.Helper()
+	var out []string
+	for _, a := range cs.Actions() {
+		if a.GetResource().Resource != "leases" || a.GetVerb() != "list" {
+			continue
+		}
+		if a.GetNamespace() != "meshd-system" {
+			t.Errorf("%s in namespace %q, want meshd-system", a.GetVerb(), a.GetNamespace())
+		}
+		r := a.(k8stesting.ListAction).GetListRestrictions()
+		out = append(out, "fields="+r.Fields.String()+" labels="+r.Labels.String())
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// TestLeaseInformerScope: meshd lists and watches its own Lease and, in
+// location mesh, the leader candidates' Leases (meshd.io/candidate), never
+// every node's: other nodes' renewals do not reach it. (The fake clientset
+// ignores selectors: what reaches the handler is the e2e tests' part.)
 func TestLeaseInformerScope(t *testing.T) {
+	own := "fields=metadata.name=" + liveness.LeaseName("n1") + " labels="
 	for _, tc := range []struct {
 		granularity string
-		want        string // field selector of the LIST and WATCH
+		want        []string // the LISTs (field and label selectors)
 	}{
-		{"location", ""},
-		{"full", "metadata.name=" + liveness.LeaseName("n1")},
+		{"full", []string{own}},
+		{"location", []string{"fields= labels=meshd.io/candidate", own}},
 	} {
 		t.Run(tc.granularity, func(t *testing.T) {
 			cs := fake.NewClientset()
+			for _, l := range []*coordinationv1.Lease{
+				{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("n1"), ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "x"}}}},
+				{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("n2"), Labels: map[string]string{liveness.LabelCandidate: "true"}}},
+				{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("n3")}},
+			} {
+				if _, err := cs.CoordinationV1().Leases("meshd-system").Create(context.Background(), l, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			c := &config{Hostname: "n1", LeaseNamespace: "meshd-system", Granularity: tc.granularity}
-			inf := informers.NewSharedInformerFactoryWithOptions(cs, 0, leaseInformerOptions(c)...).Coordination().V1().Leases().Informer()
+			var mu sync.Mutex
+			var seen []*coordinationv1.Lease
+			h := cache.ResourceEventHandlerFuncs{AddFunc: func(o any) {
+				mu.Lock()
+				defer mu.Unlock()
+				seen = append(seen, o.(*coordinationv1.Lease))
+			}}
+			w, err := newLeaseWatch(cs, c, h)
+			if err != nil {
+				t.Fatal(err)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			done := make(chan struct{})
 			defer func() { cancel(); <-done }() // no informer goroutine outlives the test
-			go func() { defer close(done); inf.RunWithContext(ctx) }()
-			if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-				t.Fatal("lease informer did not sync")
-			}
-			seen := map[string]bool{}
-			for _, a := range cs.Actions() {
-				if a.GetResource().Resource != "leases" || (a.GetVerb() != "list" && a.GetVerb() != "watch") {
-					continue
+			go func() { defer close(done); w.Run(ctx) }()
+			for !w.synced() {
+				if ctx.Err() != nil {
+					t.Fatal("lease watch did not sync")
 				}
-				if a.GetNamespace() != "meshd-system" {
-					t.Errorf("%s in namespace %q, want meshd-system", a.GetVerb(), a.GetNamespace())
-				}
-				var fs string
-				switch r := a.(type) {
-				case k8stesting.ListAction:
-					fs = r.GetListRestrictions().Fields.String()
-				case k8stesting.WatchAction:
-					fs = r.GetWatchRestrictions().Fields.String()
-				}
-				if fs != tc.want {
-					t.Errorf("%s with field selector %q, want %q", a.GetVerb(), fs, tc.want)
-				}
-				seen[a.GetVerb()] = true
+				time.Sleep(5 * time.Millisecond)
 			}
-			if !seen["list"] {
-				t.Errorf("no lease list seen in %v", cs.Actions())
+			if got := leaseLists(t, cs); !slices.Equal(got, tc.want) {
+				t.Errorf("Lease LISTs %q, want %q", got, tc.want)
 			}
-			// The transform still drops managed fields.
-			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("n1"), Namespace: "meshd-system", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "x"}}}}
-			if _, err := cs.CoordinationV1().Leases("meshd-system").Create(ctx, l, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(seen) == 0 {
+				t.Fatal("no Lease reached the handler")
 			}
-			for ctx.Err() == nil {
-				if o, ok, _ := inf.GetStore().GetByKey("meshd-system/" + l.Name); ok {
-					if len(o.(*coordinationv1.Lease).ManagedFields) != 0 {
-						t.Error("managed fields kept in the Lease cache")
-					}
-					return
+			for _, l := range seen {
+				if len(l.ManagedFields) != 0 {
+					t.Errorf("managed fields kept in the Lease cache: %s", l.Name)
 				}
-				time.Sleep(10 * time.Millisecond)
 			}
-			t.Fatal("own Lease never reached the cache")
 		})
 	}
 }

@@ -106,6 +106,11 @@ type reconciler struct {
 	// none); debug keeps the last plan for the debug endpoints (debug.go).
 	settings string
 	debug    debugRecord
+	// leaderCandidates and republish: see reconcilerParts; candidacy is
+	// whether this node is a leader candidate (published on its Lease).
+	leaderCandidates int
+	republish        func()
+	candidacy        candidacy
 }
 
 func (r *reconciler) sinceLastAttempt() time.Duration {
@@ -197,7 +202,12 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return fmt.Errorf("planning: %w", err)
 	}
 	if r.prober != nil {
-		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, plan.Leaders, r.probePort))
+		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, in.candidates, in.judged, r.probePort))
+	}
+	// Whether this node is a leader candidate: the heartbeat labels its
+	// Lease, so that every node watches it (leases.go).
+	if r.candidacy.set(in.candidates[r.node]) && r.republish != nil {
+		r.republish()
 	}
 	if r.tunnel != nil {
 		var ts []probe.Target
@@ -246,13 +256,17 @@ func (r *reconciler) inputs(ctx context.Context, s snapshot) (inputs, error) {
 		return inputs{}, err
 	}
 	in := inputs{self: self, nodes: nodes, objects: peers, remote: r.remotePeers(nodes)}
-	live := r.liveness.Decide(convert.LocationKeys(nodes, r.opts.Granularity))
+	live := r.liveness.DecideCandidates(nodes, r.opts.Granularity, r.leaderCandidates)
+	in.candidates, in.judged = live.Candidates, make(map[string]bool, len(live.Live))
+	for n := range live.Live {
+		in.judged[n] = true
+	}
 	if r.freeze != nil {
 		// The API server unreachable from here: keep the last live set
 		// (freeze.go); the Lease ages are frozen too (liveness.Liveness).
 		live.Live = r.freeze.live(live.Live, time.Now())
 	}
-	in.local = mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling}
+	in.local = mesh.Local{NodeName: r.node, Live: live.Live, Settling: live.Settling, Candidates: live.Candidates}
 	return in, nil
 }
 

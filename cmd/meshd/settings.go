@@ -24,6 +24,7 @@ func (c *config) publishedSettings(meshCIDRs, serviceCIDRs []netip.Prefix) conve
 		PeerSecretNamespace: c.PeerSecretNamespace,
 		ProbePort:           c.ProbePort,
 		TakeoverDelay:       c.TakeoverDelay.String(),
+		LeaderCandidates:    c.LeaderCandidates,
 		ClusterLinks:        c.ClusterLinks,
 		Interface:           c.Interface,
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -52,6 +53,10 @@ type inputs struct {
 	objects []mesh.Peer // from Peer objects
 	remote  []mesh.Peer // from linked clusters
 	local   mesh.Local  // this node and the liveness decision
+	// candidates are the leader candidates (mesh.Candidates); judged are
+	// the nodes with an observed Lease (the keys of the decision's Live
+	// before any freeze). A candidate probes the judged candidates.
+	candidates, judged map[string]bool
 }
 
 // peers are every peer the plan routes to.
@@ -108,6 +113,11 @@ type reconcilerParts struct {
 	peerStatus peerReporter
 	// settings is the meshd.io/settings value this node publishes.
 	settings string
+	// leaderCandidates is --leader-candidates (mesh.Candidates; 0: the
+	// default); republish has the heartbeat publish a changed candidacy
+	// at once (nil: at the next renewal).
+	leaderCandidates int
+	republish        func()
 }
 
 // newReconciler builds the reconciler: the one place it is assembled, for
@@ -123,5 +133,6 @@ func newReconciler(p reconcilerParts) *reconciler {
 		metrics:  p.metrics,
 		stateDir: p.stateDir,
 		nextKey:  p.nextKey, peerStatus: p.peerStatus, settings: p.settings,
+		leaderCandidates: cmp.Or(p.leaderCandidates, mesh.DefaultLeaderCandidates), republish: p.republish,
 	}
 }

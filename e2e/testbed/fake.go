@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,7 +201,11 @@ func FakeNodesWide(prefix string, first, count int, region func(i int) string) (
 // FakeHeartbeats keeps the heartbeat Leases of fake nodes renewed, as meshd
 // does for a real node (Lease meshd-<node> in LeaseNamespace, one update
 // per interval), so that liveness at scale is measured with live
-// heartbeats. Renewals are spread evenly over the interval.
+// heartbeats. Renewals are spread evenly over the interval. As meshd does,
+// the Leases of each region's leader candidates are labelled
+// meshd.io/candidate: the first Candidates fakes of a region by name (no
+// fake prefers to lead or has a public endpoint), after the
+// RealCandidates[region] real nodes that come before them.
 type FakeHeartbeats struct {
 	tb       *Testbed
 	kc       kubernetes.Interface
@@ -208,6 +213,13 @@ type FakeHeartbeats struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+
+	// Candidates is meshd's --leader-candidates (0: 4, its default);
+	// RealCandidates, per region, how many real nodes are candidates
+	// before every fake (they prefer to lead).
+	Candidates     int
+	RealCandidates map[string]int
+	labelled       map[string]int
 
 	renewals, failures atomic.Int64
 }
@@ -227,6 +239,7 @@ func (tb *Testbed) StartFakeHeartbeats(ctx context.Context, interval time.Durati
 // now on. It returns the first creation error.
 func (h *FakeHeartbeats) Add(nodes []FakeNode, parallel int) error {
 	leases := make([]*coordinationv1.Lease, len(nodes))
+	cands := h.candidates(nodes)
 	errc := make(chan error, len(nodes))
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -235,7 +248,7 @@ func (h *FakeHeartbeats) Add(nodes []FakeNode, parallel int) error {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				l, err := h.kc.CoordinationV1().Leases(LeaseNamespace).Create(h.ctx, h.lease(nodes[i].Name, time.Now()), metav1.CreateOptions{})
+				l, err := h.kc.CoordinationV1().Leases(LeaseNamespace).Create(h.ctx, h.lease(nodes[i].Name, cands[nodes[i].Name], time.Now()), metav1.CreateOptions{})
 				if err != nil {
 					errc <- fmt.Errorf("creating the Lease of fake node %s: %w", nodes[i].Name, err)
 					continue
@@ -262,16 +275,53 @@ func (h *FakeHeartbeats) Add(nodes []FakeNode, parallel int) error {
 	return nil
 }
 
-func (h *FakeHeartbeats) lease(node string, now time.Time) *coordinationv1.Lease {
+// candidates picks the leader candidates among nodes: per region, in name
+// order, as many as the region still has candidate places for (after the
+// real candidates and the fakes added before). meshd's candidates are the
+// first live ones in leader order, so fakes added later in the same
+// region must not come before earlier ones by name.
+func (h *FakeHeartbeats) candidates(nodes []FakeNode) map[string]bool {
+	k := h.Candidates
+	if k <= 0 {
+		k = 4
+	}
+	byRegion := map[string][]string{}
+	for _, n := range nodes {
+		if n.Region != "" {
+			byRegion[n.Region] = append(byRegion[n.Region], n.Name)
+		}
+	}
+	if h.labelled == nil {
+		h.labelled = map[string]int{}
+	}
+	out := map[string]bool{}
+	for region, names := range byRegion {
+		slices.Sort(names)
+		for _, n := range names {
+			if h.RealCandidates[region]+h.labelled[region] >= k {
+				break
+			}
+			out[n] = true
+			h.labelled[region]++
+		}
+	}
+	return out
+}
+
+func (h *FakeHeartbeats) lease(node string, candidate bool, now time.Time) *coordinationv1.Lease {
 	holder := node
 	dur := int32(4 * h.interval / time.Second)
 	mt := metav1.NewMicroTime(now)
-	return &coordinationv1.Lease{
+	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "meshd-" + node, Namespace: LeaseNamespace, Labels: map[string]string{
 			"meshd.io/node": node, "app.kubernetes.io/managed-by": "meshd", "e2e.meshd.io/fake": "true",
 		}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &dur, AcquireTime: &mt, RenewTime: &mt},
 	}
+	if candidate {
+		l.Labels[LabelLeaseCandidate] = "true"
+	}
+	return l
 }
 
 func (h *FakeHeartbeats) run(l *coordinationv1.Lease, delay time.Duration) {

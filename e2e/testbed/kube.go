@@ -24,6 +24,9 @@ const (
 	AnnotationEndpoint   = "meshd.io/endpoint"
 	AnnotationInternalIP = "meshd.io/internal-ip"
 	AnnotationWGIP       = "meshd.io/wireguard-ip"
+	// LabelLeaseCandidate marks the heartbeat Lease of a leader candidate
+	// (meshd's liveness.LabelCandidate).
+	LabelLeaseCandidate = "meshd.io/candidate"
 )
 
 // PeerGVR is the Peer resource.

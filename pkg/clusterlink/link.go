@@ -157,9 +157,9 @@ func RemotePeers(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGuard) 
 }
 
 // RemoteJudge returns the liveness decision of a linked cluster's nodes,
-// given each node's location key (see convert.LocationKeys); nil judges every node
-// live.
-type RemoteJudge func(location map[string]string) liveness.Decision
+// with k leader candidates per location (see
+// liveness.Liveness.DecideCandidates); nil judges every node live.
+type RemoteJudge func(nodes []mesh.Node, g mesh.Granularity, k int) liveness.Decision
 
 // RemotePeersLive is RemotePeers with the linked cluster's leaders elected
 // the way its own nodes elect them (judge: from its Leases and probe
@@ -174,7 +174,7 @@ func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGua
 	peers, refused, err := mesh.RemotePeers(mesh.RemoteLink{
 		Cluster: ls.Name, Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
 		ServiceCIDRs: ls.ServiceCIDRs, Allowed: ls.Allowed,
-		Liveness: remoteLocal(mnodes, ls.Granularity, judge),
+		Liveness: remoteLocal(mnodes, ls.Granularity, leaderCandidates(nodes), judge),
 	}, mnodes, guard)
 	if err != nil {
 		return nil, []error{err}
@@ -185,13 +185,31 @@ func RemotePeersLive(ls LinkSettings, nodes []*corev1.Node, guard mesh.RemoteGua
 	return peers, problems
 }
 
-// remoteLocal is the planner's view of a linked cluster's liveness.
-func remoteLocal(nodes []mesh.Node, g mesh.Granularity, judge RemoteJudge) mesh.Local {
+// remoteLocal is the planner's view of a linked cluster's liveness, with k
+// leader candidates per location.
+func remoteLocal(nodes []mesh.Node, g mesh.Granularity, k int, judge RemoteJudge) mesh.Local {
 	if judge == nil {
 		return mesh.Local{}
 	}
-	d := judge(convert.LocationKeys(nodes, g))
-	return mesh.Local{Live: d.Live, Settling: d.Settling}
+	d := judge(nodes, g, k)
+	return mesh.Local{Live: d.Live, Settling: d.Settling, Candidates: d.Candidates}
+}
+
+// leaderCandidates is the linked cluster's --leader-candidates, as most of
+// its nodes publish it (convert.AnnotationSettings; the default when none
+// does).
+func leaderCandidates(nodes []*corev1.Node) int {
+	count := map[int]int{}
+	best := mesh.DefaultLeaderCandidates
+	for _, n := range nodes {
+		if s, err := convert.ParseSettings(n.Annotations[convert.AnnotationSettings]); err == nil && s.LeaderCandidates > 0 {
+			count[s.LeaderCandidates]++
+			if c, b := count[s.LeaderCandidates], count[best]; c > b || c == b && s.LeaderCandidates < best {
+				best = s.LeaderCandidates
+			}
+		}
+	}
+	return best
 }
 
 // RefusalEventReason is the Event reason for a linked cluster's refused

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
@@ -25,9 +26,13 @@ func TestRemotePeersLive(t *testing.T) {
 		remoteNode(t, "w4", "c", "198.51.100.104", "10.52.4.0/24"),
 	}
 	local := []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}
-	var gotLoc map[string]string
+	var gotK int
+	var gotG mesh.Granularity
 	judge := func(live map[string]bool) RemoteJudge {
-		return func(loc map[string]string) liveness.Decision { gotLoc = loc; return liveness.Decision{Live: live} }
+		return func(_ []mesh.Node, g mesh.Granularity, k int) liveness.Decision {
+			gotG, gotK = g, k
+			return liveness.Decision{Live: live}
+		}
 	}
 	svc := netip.MustParsePrefix("10.97.0.0/16")
 	names := func(ps []mesh.Peer) (out []string, withSvc string) {
@@ -51,8 +56,8 @@ func TestRemotePeersLive(t *testing.T) {
 	if want := []string{"cluster-west-w2", "cluster-west-w3", "cluster-west-w4"}; !slices.Equal(got, want) || withSvc != "cluster-west-w2" {
 		t.Errorf("peers %v, services via %s; want %v, services via cluster-west-w2", got, withSvc, want)
 	}
-	if gotLoc["w1"] != "location/a" || gotLoc["w3"] != "location/b" {
-		t.Errorf("judge got locations %v", gotLoc)
+	if gotG != mesh.GranularityLocation || gotK != mesh.DefaultLeaderCandidates {
+		t.Errorf("judge got granularity %s and %d candidates", gotG, gotK)
 	}
 	// Only w4 live: services via w4.
 	peers, _ = RemotePeersLive(ls, nodes, mesh.RemoteGuard{Local: local}, judge(map[string]bool{"w4": true}))
@@ -63,5 +68,35 @@ func TestRemotePeersLive(t *testing.T) {
 	peers, _ = RemotePeersLive(ls, nodes, mesh.RemoteGuard{Local: local}, nil)
 	if got, withSvc := names(peers); got[0] != "cluster-west-w1" || withSvc != "cluster-west-w1" {
 		t.Errorf("without a judge: %v, services via %s", got, withSvc)
+	}
+}
+
+// The linked cluster's --leader-candidates comes from what most of its
+// nodes publish (the default when none does): its nodes elect among that
+// many candidates, and so must the link controller.
+func TestLinkedLeaderCandidates(t *testing.T) {
+	with := func(name, settings string) *corev1.Node {
+		n := remoteNode(t, name, "a", "198.51.100.101", "10.52.1.0/24")
+		if settings != "" {
+			n.Annotations[convert.AnnotationSettings] = settings
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name  string
+		nodes []*corev1.Node
+		want  int
+	}{
+		{"none published", []*corev1.Node{with("w1", "")}, mesh.DefaultLeaderCandidates},
+		{"an older meshd: not published", []*corev1.Node{with("w1", `{"granularity":"location"}`)}, mesh.DefaultLeaderCandidates},
+		{"most nodes", []*corev1.Node{with("w1", `{"leaderCandidates":6}`), with("w2", `{"leaderCandidates":6}`), with("w3", `{"leaderCandidates":3}`)}, 6},
+		{"a tie: the smaller", []*corev1.Node{with("w1", `{"leaderCandidates":6}`), with("w2", `{"leaderCandidates":3}`)}, 3},
+		{"malformed", []*corev1.Node{with("w1", `{`)}, mesh.DefaultLeaderCandidates},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := leaderCandidates(tc.nodes); got != tc.want {
+				t.Errorf("leaderCandidates = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }

@@ -290,7 +290,7 @@ func (w *LinkLiveness) Judge(secretName string) RemoteJudge {
 	if r == nil || !r.leases.HasSynced() || len(r.leases.GetStore().ListKeys()) == 0 {
 		return nil
 	}
-	return r.liveness.Decide
+	return r.liveness.DecideCandidates
 }
 
 // Changed reports whether any linked cluster's decision changed since it

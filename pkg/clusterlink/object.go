@@ -206,7 +206,7 @@ func Leaders(ls LinkSettings, nodes []*corev1.Node, judge RemoteJudge) (leaders 
 		mn, _ := convert.NodeFromObject(n, convert.ParseOptions{TopologyLabel: ls.TopologyLabel, Port: ls.Port})
 		mnodes = append(mnodes, mn)
 	}
-	l := remoteLocal(mnodes, ls.Granularity, judge)
+	l := remoteLocal(mnodes, ls.Granularity, leaderCandidates(nodes), judge)
 	leaders, err = mesh.RemoteLeaders(mesh.RemoteLink{
 		Cluster: ls.Name, Granularity: ls.Granularity, MeshCIDRs: ls.MeshCIDRs, Port: ls.Port,
 		ServiceCIDRs: ls.ServiceCIDRs, Liveness: l,

@@ -31,9 +31,9 @@ type RemoteLink struct {
 	// time. Nil means none were recorded (a link made before they were):
 	// then only the other rules apply.
 	Allowed []netip.Prefix
-	// Liveness is the linked cluster's own liveness view (Live, Settling)
-	// so a dead remote leader is replaced as its own nodes replace it; the
-	// zero value counts every node live.
+	// Liveness is the linked cluster's own liveness view (Live, Settling,
+	// and its leader Candidates) so a dead remote leader is replaced as its
+	// own nodes replace it; the zero value counts every node live.
 	Liveness Local
 }
 
@@ -114,7 +114,7 @@ func RemotePeers(link RemoteLink, nodes []Node, guard RemoteGuard) (peers []Peer
 // leader routes, the service CIDRs on the first live one. Nothing is
 // checked here: FilterRemote applies this cluster's policy.
 func RemoteLeaders(link RemoteLink, nodes []Node) ([]Peer, error) {
-	topo, err := NewTopology(nodes, nil, Local{Live: link.Liveness.Live, Settling: link.Liveness.Settling}, Options{Granularity: link.Granularity, MeshCIDRs: link.MeshCIDRs, Port: link.Port})
+	topo, err := NewTopology(nodes, nil, Local{Live: link.Liveness.Live, Settling: link.Liveness.Settling, Candidates: link.Liveness.Candidates}, Options{Granularity: link.Granularity, MeshCIDRs: link.MeshCIDRs, Port: link.Port})
 	if err != nil {
 		return nil, fmt.Errorf("computing cluster %s's topology: %w", link.Cluster, err)
 	}

@@ -105,3 +105,21 @@ func TestStandbyPeers(t *testing.T) {
 		t.Errorf("after settling: leaders %v, c's peers %d", pc.Leaders, len(pc.WireGuard.Peers))
 	}
 }
+
+// Only candidates lead where a location has any (Local.Candidates): a
+// settled live non-candidate does not win over a settling candidate, and
+// a location without candidates elects among everyone.
+func TestElectAmongCandidates(t *testing.T) {
+	nodes := twoByTwo(map[string][]func(*Node){"b": {preferLeader}})
+	all := map[string]bool{"a": true, "b": true, "c": true, "d": true}
+	topo, err := NewTopology(nodes, nil, Local{Live: all, Settling: map[string]bool{"a": true}, Candidates: map[string]bool{"a": true}}, v4opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.Segments[0].Leader != "a" || topo.Segments[1].Leader != "c" {
+		t.Errorf("leaders %s, %s; want a (the only candidate of x, settling), c (y has no candidates)", topo.Segments[0].Leader, topo.Segments[1].Leader)
+	}
+	if s, ok := topo.Standby("x"); ok {
+		t.Errorf("standby %s of x: a non-candidate", s)
+	}
+}

@@ -80,6 +80,8 @@ type member struct {
 	live bool
 	// settling: live, but only recently (Local.Settling).
 	settling bool
+	// eligible: it may lead (Local.Candidates).
+	eligible bool
 }
 
 // OutsideConfig is the WireGuard configuration an outside Peer needs to join
@@ -156,7 +158,8 @@ func (t *Topology) collectMembers(nodes []Node, local Local) error {
 		if n.Name == local.NodeName {
 			t.local = len(t.members)
 		}
-		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name], settling: local.Settling[n.Name]})
+		t.members = append(t.members, member{n: n, live: local.Live == nil || local.Live[n.Name], settling: local.Settling[n.Name],
+			eligible: local.Candidates == nil || local.Candidates[n.Name]})
 	}
 	return nil
 }
@@ -433,32 +436,28 @@ func (t *Topology) publishMeshIPs() {
 	}
 }
 
-// electLeaders picks every segment's leader: among live members (all of them
-// if none is live), settled ones before settling ones, one with a published
-// key, then the preferred leader, then a public endpoint, then the first
-// name.
+// electLeaders picks every segment's leader: among its candidates
+// (Local.Candidates; every member where none is one), live members (all of
+// them if none is live), settled ones before settling ones, one with a
+// published key, then the preferred leader, then a public endpoint, then the
+// first name.
 func (t *Topology) electLeaders(nodes []Node) {
 	var zero wgtypes.Key
 	better := func(a, b *member) bool { // is a better than b
+		if a.eligible != b.eligible {
+			return a.eligible
+		}
 		if a.live != b.live {
 			return a.live
 		}
 		if a.settling != b.settling {
 			return !a.settling
 		}
-		if ak, bk := a.n.PublicKey != zero, b.n.PublicKey != zero; ak != bk {
-			return ak
-		}
-		if a.n.PreferLeader != b.n.PreferLeader {
-			return a.n.PreferLeader
-		}
-		if a.n.PublicEndpoint != b.n.PublicEndpoint {
-			return a.n.PublicEndpoint
-		}
-		return false // name order: the earlier one stays
+		return leaderOrder(a.n, b.n) < 0 // equal: name order, the earlier one stays
 	}
 	for s := range t.Segments {
 		seg := &t.Segments[s]
+		t.everyoneEligibleWithoutCandidates(seg)
 		best := t.order[seg.mlo]
 		for _, i := range t.order[seg.mlo+1 : seg.mhi] {
 			if better(&t.members[i], &t.members[best]) {
@@ -477,6 +476,19 @@ func (t *Topology) electLeaders(nodes []Node) {
 				seg.Endpoint = Endpoint{Addr: d}
 			}
 		}
+	}
+}
+
+// everyoneEligibleWithoutCandidates makes every member of seg eligible when
+// none of them is a candidate (a location Local.Candidates does not cover).
+func (t *Topology) everyoneEligibleWithoutCandidates(seg *Segment) {
+	for _, i := range t.order[seg.mlo:seg.mhi] {
+		if t.members[i].eligible {
+			return
+		}
+	}
+	for _, i := range t.order[seg.mlo:seg.mhi] {
+		t.members[i].eligible = true
 	}
 }
 

@@ -120,6 +120,11 @@ type Local struct {
 	// takeover hysteresis): a settling node leads its location only if no
 	// live, settled member can. Nil means none.
 	Settling map[string]bool
+	// Candidates are the nodes that may lead their location (Candidates):
+	// where a location has any, its leader and standby are elected among
+	// them only, so that every node elects from the liveness of the same
+	// few nodes. Nil means every member may lead.
+	Candidates map[string]bool
 }
 
 // Plan is the desired state of one node.

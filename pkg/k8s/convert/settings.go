@@ -33,8 +33,11 @@ type Settings struct {
 	PeerSecretNamespace string   `json:"peerSecretNamespace,omitempty"`
 	ProbePort           int      `json:"probePort"`
 	TakeoverDelay       string   `json:"takeoverDelay,omitempty"`
-	ClusterLinks        bool     `json:"clusterLinks"`
-	Interface           string   `json:"interface,omitempty"`
+	// LeaderCandidates is --leader-candidates (0: not published, an older
+	// meshd whose every node could lead).
+	LeaderCandidates int    `json:"leaderCandidates,omitempty"`
+	ClusterLinks     bool   `json:"clusterLinks"`
+	Interface        string `json:"interface,omitempty"`
 	// ListenPort is the port of meshd's HTTP endpoints (--listen: metrics,
 	// health and the debug state); ListenLoopback is true when they listen
 	// on a loopback address only (nothing off the node reaches them).
@@ -82,6 +85,7 @@ func (s Settings) Differences(o Settings) []string {
 	add("peer-secret-namespace", s.PeerSecretNamespace, o.PeerSecretNamespace)
 	add("probe-port", s.ProbePort, o.ProbePort)
 	add("takeover-delay", s.TakeoverDelay, o.TakeoverDelay)
+	add("leader-candidates", s.LeaderCandidates, o.LeaderCandidates)
 	add("cluster-links", s.ClusterLinks, o.ClusterLinks)
 	return out
 }

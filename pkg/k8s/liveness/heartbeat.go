@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"strings"
 	"time"
@@ -24,6 +25,11 @@ const (
 	LeasePrefix = "meshd-"
 	// LabelNode labels a heartbeat Lease with its node's name.
 	LabelNode = convert.AnnotationPrefix + "node"
+	// LabelCandidate ("true") marks the heartbeat Lease of a leader
+	// candidate (mesh.Candidates). Nodes watch the Leases so labelled (and
+	// their own), not every node's; the label only narrows the watch: who
+	// is a candidate every node computes from the Nodes itself.
+	LabelCandidate = convert.AnnotationPrefix + "candidate"
 	// LabelManagedBy/ManagedBy mark the objects meshd creates.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedBy      = "meshd"
@@ -63,8 +69,13 @@ type HeartbeatOptions struct {
 	// Report, when set, is this node's data-plane probe report, published
 	// on the Lease (AnnotationProbeUp/Down) with every renewal.
 	Report func() Report
-	// Trigger asks for a write now (the report changed); writes it causes
-	// are at least MinGap apart (default 200 ms). A renewal due at the
+	// Candidate, when set, says whether this node is one of its location's
+	// leader candidates (mesh.Candidates), published as LabelCandidate with
+	// every renewal; while known is false the Lease keeps what it has.
+	Candidate func() (candidate, known bool)
+	// Trigger asks for a write now (the report or the candidacy changed);
+	// writes it causes are at least MinGap apart (default 200 ms), and
+	// only happen when the Lease would change. A renewal due at the
 	// interval is written as always: at idle the write rate stays one per
 	// interval.
 	Trigger <-chan struct{}
@@ -96,7 +107,7 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 	}
 	namespace := o.Namespace
 	log = log.With("lease", namespace+"/"+LeaseName(o.Node))
-	h := &heartbeat{c: c, namespace: namespace, node: o.Node, interval: o.Interval, report: o.Report}
+	h := &heartbeat{c: c, namespace: namespace, node: o.Node, interval: o.Interval, report: o.Report, candidate: o.Candidate}
 	t := time.NewTimer(o.Interval)
 	defer t.Stop()
 	failing := false
@@ -150,7 +161,7 @@ func (h *heartbeat) waitNext(ctx context.Context, t *time.Timer, last time.Time,
 				case <-time.After(gap):
 				}
 			}
-			if h.lease == nil || h.report == nil || !reportWritten(h.lease, h.report()) {
+			if h.lease == nil || !h.published() {
 				return true
 			}
 			// Nothing new to say: keep the interval.
@@ -158,9 +169,11 @@ func (h *heartbeat) waitNext(ctx context.Context, t *time.Timer, last time.Time,
 	}
 }
 
-// reportWritten reports whether l already carries r.
-func reportWritten(l *coordinationv1.Lease, r Report) bool {
-	return ReportFromLease(l).equal(r)
+// published reports whether the last written Lease already carries what
+// this node publishes now (its labels and annotations).
+func (h *heartbeat) published() bool {
+	b := h.build(h.lease.DeepCopy(), time.Time{})
+	return maps.Equal(b.Labels, h.lease.Labels) && maps.Equal(b.Annotations, h.lease.Annotations)
 }
 
 type heartbeat struct {
@@ -169,6 +182,7 @@ type heartbeat struct {
 	node      string
 	interval  time.Duration
 	report    func() Report         // nil: no probe report
+	candidate func() (bool, bool)   // nil: no candidacy label
 	lease     *coordinationv1.Lease // last written, nil when unknown
 }
 
@@ -233,6 +247,13 @@ func (h *heartbeat) build(l *coordinationv1.Lease, now time.Time) *coordinationv
 			} else {
 				l.Annotations[k] = v
 			}
+		}
+	}
+	if h.candidate != nil {
+		if c, known := h.candidate(); known && c {
+			l.Labels[LabelCandidate] = "true"
+		} else if known {
+			delete(l.Labels, LabelCandidate)
 		}
 	}
 	return l

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+
 	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/mesh"
 )
 
 // Annotations on a heartbeat Lease: the data-plane probe results its node
@@ -118,6 +120,9 @@ type Decision struct {
 	// Settling are live nodes that became live less than the takeover delay
 	// ago: they lead only where no settled node can.
 	Settling map[string]bool
+	// Candidates are the leader candidates (DecideCandidates; nil from
+	// Decide): only they may lead.
+	Candidates map[string]bool
 }
 
 func (d Decision) equal(o Decision) bool {
@@ -164,6 +169,9 @@ type Liveness struct {
 	seen     map[string]observation
 	frozenAt time.Time // non-zero while the API server is unreachable
 	location map[string]string
+	// voters are the nodes whose probe reports count (DecideCandidates;
+	// nil: every node's).
+	voters map[string]bool
 	// since is when each live node became live; judged marks the nodes
 	// evaluated at least once.
 	since  map[string]time.Time
@@ -403,13 +411,47 @@ func (l *Liveness) nextChange(now time.Time) (t time.Time, ok bool) {
 	return t, ok
 }
 
+// LeaseLive returns, for every observed node, whether its Lease is live
+// (by the Lease alone, as leaseLive; frozen while the API server is
+// unreachable): what mesh.Candidates walks.
+func (l *Liveness) LeaseLive() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	out := make(map[string]bool, len(l.seen))
+	for n, o := range l.seen {
+		out[n] = l.leaseLive(o, now)
+	}
+	return out
+}
+
+// DecideCandidates is Decide for nodes, with their leader candidates
+// (mesh.Candidates, walked with LeaseLive, k per location) as the only
+// voters: only their probe reports count (only they probe, and a node
+// watches only their Leases, so every node counts the same votes). The
+// decision's Candidates are those candidates; only they may lead
+// (mesh.Local.Candidates). Every node, the link controller and meshctl
+// judge this way, so they agree.
+func (l *Liveness) DecideCandidates(nodes []mesh.Node, g mesh.Granularity, k int) Decision {
+	cands := mesh.Candidates(nodes, g, k, l.LeaseLive())
+	l.mu.Lock()
+	l.voters = cands
+	l.mu.Unlock()
+	d := l.Decide(convert.LocationKeys(nodes, g))
+	d.Candidates = cands
+	return d
+}
+
 // evaluate computes the decision at now and updates the settling state.
+// Only the voters' reports count (all, while voters is nil).
 func (l *Liveness) evaluate(now time.Time) Decision {
 	leaseLive := make(map[string]bool, len(l.seen))
 	reports := make(map[string]Report, len(l.seen))
 	for n, o := range l.seen {
 		leaseLive[n] = l.leaseLive(o, now)
-		reports[n] = o.report
+		if l.voters == nil || l.voters[n] {
+			reports[n] = o.report
+		}
 	}
 	live := Judge(leaseLive, reports, l.location)
 	d := Decision{Live: live, Settling: map[string]bool{}}
