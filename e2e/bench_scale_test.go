@@ -35,8 +35,8 @@ import (
 // does not converge at all (then there is no figure to report).
 //
 // Per mode (full mesh, location mesh): 3 real nodes (n1, n2 in location a,
-// n3 in b, n1 and n3 preferred leaders; in-process WireGuard, meshd's
-// default --resync-period 30s and --log-level info) and
+// n3 in b; in-process WireGuard, meshd's default --resync-period 30s and
+// --log-level info) and
 // BENCH_NODES-3 fake Nodes whose heartbeat Leases the benchmark renews every
 // 10 s for the whole run (meshd's own rate: --lease-duration 40s / 4), the
 // leader candidates' labelled as meshd labels them (FakeHeartbeats).
@@ -53,12 +53,13 @@ import (
 //     the API server's write requests (apiserver_request_total) per node
 //     per minute, by resource.
 //
-// Fakes are spread over BENCH_LOCATIONS locations (a, b, fake-2, ...): the
-// first ones over the first half of them (a and b among them, so the real
-// daemons' own locations are as large as the others), the burst over the
-// second half (so, in location mesh, the burst adds new location leaders
-// as peers). In location mesh only leaders have WireGuard peers; the
-// peer-set times are theirs.
+// Fakes are spread over BENCH_LOCATIONS locations: the first ones over the
+// first half of them, the burst over the second half (so, in location
+// mesh, the burst adds new location leaders as peers). In location mesh
+// only leaders have WireGuard peers; the peer-set times are theirs. A
+// daemon watches the leader candidates' Leases of every location (4 per
+// location), whatever the size of its own: the real nodes' small locations
+// change nothing of what they receive.
 //
 // Environment: BENCH_SCALE=1 (required), BENCH_NODES (1000), BENCH_BURST
 // (500, at most half the fakes), BENCH_LOCATIONS (10), BENCH_STEADY (5m),
@@ -176,30 +177,11 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	fakes := cfg.nodes - 3
 	pre := fakes - cfg.burst
 	half := cfg.locations / 2
-	// The real nodes' locations a and b are two of the locations, as
-	// populated as the others. n1 and n3 prefer to lead them
-	// (meshd.io/leader): the first candidates there, before the fakes.
-	regionName := func(k int) string {
-		switch k {
-		case 0:
-			return "a"
-		case 1:
-			return "b"
-		}
-		return fmt.Sprintf("fake-%d", k)
-	}
 	region := func(i int) string {
 		if i < pre {
-			return regionName(i % half)
+			return fmt.Sprintf("fake-%d", i%half)
 		}
-		return regionName(half + i%(cfg.locations-half))
-	}
-	hb.RealCandidates = map[string]int{"a": 1, "b": 1}
-	for _, n := range []*testbed.Node{nodes[0], nodes[2]} {
-		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, "meshd.io/leader")
-		if _, err := tb.Kube.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		return fmt.Sprintf("fake-%d", half+i%(cfg.locations-half))
 	}
 	all, err := testbed.FakeNodesWide("f", 0, fakes, region)
 	if err != nil {
@@ -261,14 +243,10 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 			}
 			return ks
 		}
-		// Location mesh: per location of fakes only, the live keyed node
-		// first in name order leads (no fake prefers leadership or has a
-		// public IP).
+		// Location mesh: per location, the live keyed node first in name
+		// order leads (no fake prefers leadership or has a public IP).
 		first := map[string]testbed.FakeNode{}
 		for _, f := range fs {
-			if hb.RealCandidates[f.Region] > 0 {
-				continue
-			}
 			if cur, ok := first[f.Region]; !ok || f.Name < cur.Name {
 				first[f.Region] = f
 			}

@@ -204,8 +204,8 @@ func FakeNodesWide(prefix string, first, count int, region func(i int) string) (
 // heartbeats. Renewals are spread evenly over the interval. As meshd does,
 // the Leases of each region's leader candidates are labelled
 // meshd.io/candidate: the first Candidates fakes of a region by name (no
-// fake prefers to lead or has a public endpoint), after the
-// RealCandidates[region] real nodes that come before them.
+// fake prefers to lead or has a public endpoint; the regions hold no real
+// node).
 type FakeHeartbeats struct {
 	tb       *Testbed
 	kc       kubernetes.Interface
@@ -214,12 +214,9 @@ type FakeHeartbeats struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 
-	// Candidates is meshd's --leader-candidates (0: 4, its default);
-	// RealCandidates, per region, how many real nodes are candidates
-	// before every fake (they prefer to lead).
-	Candidates     int
-	RealCandidates map[string]int
-	labelled       map[string]int
+	// Candidates is meshd's --leader-candidates (0: 4, its default).
+	Candidates int
+	labelled   map[string]int
 
 	renewals, failures atomic.Int64
 }
@@ -277,9 +274,9 @@ func (h *FakeHeartbeats) Add(nodes []FakeNode, parallel int) error {
 
 // candidates picks the leader candidates among nodes: per region, in name
 // order, as many as the region still has candidate places for (after the
-// real candidates and the fakes added before). meshd's candidates are the
-// first live ones in leader order, so fakes added later in the same
-// region must not come before earlier ones by name.
+// fakes added before). meshd's candidates are the first live ones in
+// leader order, so fakes added later in the same region must not come
+// before earlier ones by name.
 func (h *FakeHeartbeats) candidates(nodes []FakeNode) map[string]bool {
 	k := h.Candidates
 	if k <= 0 {
@@ -298,7 +295,7 @@ func (h *FakeHeartbeats) candidates(nodes []FakeNode) map[string]bool {
 	for region, names := range byRegion {
 		slices.Sort(names)
 		for _, n := range names {
-			if h.RealCandidates[region]+h.labelled[region] >= k {
+			if h.labelled[region] >= k {
 				break
 			}
 			out[n] = true
