@@ -43,6 +43,13 @@ import (
 // so a burst of events coalesces into one (see coalescer).
 const queueKey = "mesh"
 
+// routeResyncInterval is how often the route Manager lists and repairs its
+// routes on its own, a net behind its netlink watch: every reconcile, the
+// resync ticker's (--resync-period) included, applies the whole desired set
+// anyway, so a second listing on the same period would only double the
+// cost (about 20 ms of CPU per listing of 2,000 routes at 1,000 nodes).
+const routeResyncInterval = 10 * time.Minute
+
 // apiRequestTimeout bounds every API request the reconcile makes.
 const apiRequestTimeout = 10 * time.Second
 
@@ -122,7 +129,7 @@ func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (exe
 	if err != nil {
 		return executors{}, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
-	routes, err := route.New(route.Options{Protocol: mesh.DefaultRouteProto, Table: opts.RouteTable, Logger: log})
+	routes, err := route.New(route.Options{Protocol: mesh.DefaultRouteProto, Table: opts.RouteTable, Logger: log, ResyncInterval: routeResyncInterval})
 	if err != nil {
 		dev.Close()
 		return executors{}, fmt.Errorf("opening netlink: %w", err)
@@ -475,12 +482,15 @@ func (d *daemon) work(ctx context.Context) error {
 	}
 	d.log.Info("caches synced", "node", d.cfg.Hostname, "wireguard", d.device.Kind(), "since_start", time.Since(start))
 	d.queue.Add(queueKey)
-	for {
+	for first := true; ; first = false {
 		key, shutdown := d.queue.Get()
 		if shutdown {
 			return nil
 		}
 		err := d.rec.reconcile(ctx)
+		if first {
+			trimStartupPages(d.log)
+		}
 		if err != nil {
 			d.log.Error("reconcile failed; retrying with backoff", "error", err, "retries", d.queue.NumRequeues(key))
 			d.queue.AddRateLimited(key)

@@ -19,10 +19,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/procmem"
 	"meshd.io/meshd/pkg/wg"
 )
 
@@ -110,6 +112,13 @@ func deviceCommand() subcommand {
 			return errors.Join(err, checkLogFormat(dc.LogFormat))
 		},
 		run: func(ctx context.Context, log *slog.Logger) error {
+			go func() {
+				select { // the device is up by then
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+					trimStartupPages(log)
+				}
+			}()
 			if err := wg.RunDevice(ctx, log, dc.Interface, dc.MTU); err != nil {
 				return fmt.Errorf("interface %s: %w", dc.Interface, err)
 			}
@@ -158,4 +167,17 @@ func cleanupCommand() subcommand {
 			return nil
 		},
 	}
+}
+
+// trimStartupPages returns the executable's pages that only start-up
+// touched (package initialisation, the first reconcile) to the page cache
+// (procmem.TrimExecutable): 30-40 MB of resident memory that a node agent
+// on every node would otherwise keep. What runs again faults back in.
+func trimStartupPages(log *slog.Logger) {
+	r, err := procmem.TrimExecutable()
+	if err != nil {
+		log.Warn("returning the executable's start-up pages failed; nothing else is affected", "error", err)
+		return
+	}
+	log.Info("returned the executable's start-up pages to the page cache", "resident_file_mb_before", r.ResidentBefore>>20, "resident_file_mb_after", r.ResidentAfter>>20)
 }

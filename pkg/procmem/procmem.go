@@ -1,0 +1,143 @@
+// Package procmem returns to the kernel the pages of this process's own
+// executable that only its start-up touched.
+//
+// A Go program runs every linked package's initialisation before main, and
+// meshd links much more than its node daemon runs at idle (client-go's
+// registration of every API group, the code of its other subcommands). The
+// kernel maps the executable's pages in as they are touched, and around
+// them (fault-around), so a freshly started meshd keeps about 35-45 MB of
+// its 64 MB of code and read-only data resident, though only a fraction
+// runs again. TrimExecutable unmaps the clean pages of the executable's
+// read-only mappings (MADV_DONTNEED): they stay in the page cache, and
+// what runs again faults back in from there (a minor fault, no I/O). The
+// process's resident set then holds what it keeps using.
+//
+// Out of scope: the Go heap and stacks (the runtime's: GOGC, GOMEMLIMIT),
+// any writable or anonymous mapping (never touched: dropping one would
+// lose data), and other processes' memory.
+package procmem
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Result is what TrimExecutable did.
+type Result struct {
+	// Mappings is how many mappings were trimmed, Bytes their size.
+	Mappings int
+	Bytes    uint64
+	// ResidentBefore and ResidentAfter are the process's resident file
+	// pages (RssFile) before and right after, in bytes.
+	ResidentBefore, ResidentAfter uint64
+}
+
+// mapping is one line of /proc/self/smaps with the fields TrimExecutable
+// reads.
+type mapping struct {
+	start, end  uintptr
+	perms, path string
+	// anon is Anonymous in kB: pages the process wrote into a private
+	// mapping (a copy of its own), which must never be dropped. (A file
+	// page written to disk late, a freshly built binary's, is Private_Dirty
+	// without being anonymous: it stays in the page cache.)
+	anon uint64
+}
+
+// TrimExecutable drops this process's mapped pages of its own executable's
+// read-only mappings that it never wrote (see the package doc). It never
+// touches a mapping that is writable or holds a private copy of a page.
+func TrimExecutable() (Result, error) {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		return Result{}, fmt.Errorf("finding the executable: %w", err)
+	}
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return Result{}, fmt.Errorf("reading the mappings: %w", err)
+	}
+	ms, err := parseSmaps(smaps)
+	if err != nil {
+		return Result{}, err
+	}
+	var r Result
+	r.ResidentBefore, _ = residentFile()
+	var errs []error
+	for _, m := range ms {
+		if !trimmable(m, exe) {
+			continue
+		}
+		// The addresses come from the kernel: a mapping of this process.
+		if _, _, e := unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, unix.MADV_DONTNEED); e != 0 {
+			errs = append(errs, fmt.Errorf("madvise %x-%x %s: %w", m.start, m.end, m.path, e))
+			continue
+		}
+		r.Mappings++
+		r.Bytes += uint64(m.end - m.start)
+	}
+	r.ResidentAfter, _ = residentFile()
+	return r, errors.Join(errs...)
+}
+
+// trimmable: a mapping of exe, not writable, with no page of its own.
+func trimmable(m mapping, exe string) bool {
+	path := strings.TrimSuffix(m.path, " (deleted)")
+	return path == exe && len(m.perms) >= 2 && m.perms[1] != 'w' && m.anon == 0
+}
+
+// parseSmaps reads the mappings of /proc/PID/smaps.
+func parseSmaps(b []byte) ([]mapping, error) {
+	var out []mapping
+	s := bufio.NewScanner(bytes.NewReader(b))
+	s.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for s.Scan() {
+		f := strings.Fields(s.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(f[0], "-"); ok && len(f) >= 5 {
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 != nil || err2 != nil || end < start {
+				return nil, fmt.Errorf("reading the mappings: malformed line %q", s.Text())
+			}
+			m := mapping{start: uintptr(start), end: uintptr(end), perms: f[1]}
+			if len(f) >= 6 {
+				m.path = strings.Join(f[5:], " ")
+			}
+			out = append(out, m)
+			continue
+		}
+		if len(out) == 0 || len(f) < 2 {
+			continue
+		}
+		m := &out[len(out)-1]
+		if f[0] == "Anonymous:" {
+			m.anon, _ = strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	return out, s.Err()
+}
+
+// residentFile is the process's RssFile, in bytes.
+func residentFile() (uint64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("no RssFile in /proc/self/status")
+}
