@@ -63,9 +63,13 @@ import (
 //
 // Environment: BENCH_SCALE=1 (required), BENCH_NODES (1000), BENCH_BURST
 // (500, at most half the fakes), BENCH_LOCATIONS (10), BENCH_STEADY (5m),
-// BENCH_SETTLE (2m: wireguard-go retries the handshake with each fake, which
-// never answers, for about 90 s after the peer is created or n1 restarts; the
-// steady window starts after that), BENCH_CHANGES (20), BENCH_MODES ("full,location"),
+// BENCH_SETTLE (2m: the steady window starts after the burst's and the
+// restart's handshakes and probes settled), BENCH_CHANGES (20), BENCH_MODES ("full,location"),
+// BENCH_SILENT_FAKES (1: the fakes answer nothing, as before the fake
+// responder: wireguard-go then retries the handshake with each for about
+// 90 s after the peer is created or n1 restarts, keeping a 64 KB buffer per
+// peer meanwhile, and the real nodes' probes of fake candidates go
+// unanswered),
 // BENCH_MESHD (another meshd binary, e.g. an older build, to compare),
 // BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
@@ -87,6 +91,9 @@ type benchConfig struct {
 	steady, settle                   time.Duration
 	modes                            []string
 	meshd, out, profile              string
+	// silent: the fakes answer no handshake and no probe
+	// (BENCH_SILENT_FAKES=1); else a responder answers for them.
+	silent bool
 }
 
 func benchConfigFromEnv(t *testing.T) benchConfig {
@@ -121,6 +128,7 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 		meshd:     os.Getenv("BENCH_MESHD"),
 		out:       os.Getenv("BENCH_OUT"),
 		profile:   os.Getenv("BENCH_PROFILE"),
+		silent:    os.Getenv("BENCH_SILENT_FAKES") == "1",
 		modes:     strings.Split(cmpOr(os.Getenv("BENCH_MODES"), "full,location"), ","),
 	}
 	fakes := c.nodes - 3
@@ -156,8 +164,12 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		tb.MeshdBinary = cfg.meshd
 		t.Cleanup(func() { tb.MeshdBinary = old })
 	}
-	rep := &benchReport{t: t, title: fmt.Sprintf("%s mesh, %d nodes (3 real, %d fake, %d locations of fakes), meshd %s%s",
-		mode, cfg.nodes, cfg.nodes-3, cfg.locations, cmpOr(cfg.meshd, "of this tree"), raceNote(tb.MeshdBinary))}
+	answer := "answering handshakes and probes"
+	if cfg.silent {
+		answer = "silent"
+	}
+	rep := &benchReport{t: t, title: fmt.Sprintf("%s mesh, %d nodes (3 real, %d fake %s, %d locations of fakes), meshd %s%s",
+		mode, cfg.nodes, cfg.nodes-3, answer, cfg.locations, cmpOr(cfg.meshd, "of this tree"), raceNote(tb.MeshdBinary))}
 	nodes := s.scaleMesh()
 	n1 := nodes[0]
 	// The DaemonSet's defaults: --resync-period 30s and --log-level info
@@ -188,6 +200,15 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		t.Fatal(err)
 	}
 	before, burst := all[:pre], all[pre:]
+	if !cfg.silent {
+		// The fakes answer as real nodes do: handshakes (on each one's
+		// endpoint, with its key) and probes.
+		stop, err := tb.StartFakeResponder(ctx, all, 51821)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+	}
 
 	// 0. The first fakes, then meshd on the real nodes.
 	t0 := time.Now()
@@ -386,11 +407,11 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	for _, n := range nodes {
 		x, y := d0[n.Name], d1[n.Name]
 		cpu := (y.cpu - x.cpu).Seconds()
-		rep.add("steady "+n.Name, fmt.Sprintf("reconciles %s (resync alone: %.0f), writes wireguard %s routes+rules %s iptables %s, API requests %s (writes %s), CPU %.2f s = %.2f%% of a core, RSS %.1f MB (Go heap %.1f MB)",
+		rep.add("steady "+n.Name, fmt.Sprintf("reconciles %s (resync alone: %.0f), writes wireguard %s routes+rules %s iptables %s, API requests %s (writes %s), CPU %.2f s = %.2f%% of a core, RSS %.1f MB (anonymous %.1f, file %.1f; Go heap %.1f MB)",
 			y.delta(x, "meshd_reconciles_total", ""), elapsed.Seconds()/30,
 			y.delta(x, "meshd_executor_writes_total", "wireguard"), y.delta(x, "meshd_executor_writes_total", "routes"), y.delta(x, "meshd_executor_writes_total", "iptables"),
 			y.delta(x, "meshd_api_requests_total", ""), y.delta(x, "meshd_api_requests_total", "write"),
-			cpu, 100*cpu/elapsed.Seconds(), float64(y.rss)/1e6, y.heap/1e6))
+			cpu, 100*cpu/elapsed.Seconds(), float64(y.rss.total)/1e6, float64(y.rss.anon)/1e6, float64(y.rss.file)/1e6, y.heap/1e6))
 	}
 	var total float64
 	var byRes []string
@@ -607,8 +628,8 @@ func uapiPeers(n *testbed.Node) (map[string]string, error) {
 type daemonSample struct {
 	metrics string
 	cpu     time.Duration // utime+stime, with waited-for children
-	rss     int64         // bytes
-	heap    float64       // go_memstats_heap_inuse_bytes
+	rss     rss
+	heap    float64 // go_memstats_heap_inuse_bytes
 }
 
 func (s *scenario) daemonStats(nodes []*testbed.Node) map[string]daemonSample {
@@ -620,7 +641,7 @@ func (s *scenario) daemonStats(nodes []*testbed.Node) map[string]daemonSample {
 		if err != nil {
 			s.t.Fatalf("metrics of %s: %v", n.Name, err)
 		}
-		out[n.Name] = daemonSample{metrics: text, cpu: cpu[n.Name].meshd.all(), rss: vmRSS(n.Meshd().Pid()), heap: metricSum(text, "go_memstats_heap_inuse_bytes")}
+		out[n.Name] = daemonSample{metrics: text, cpu: cpu[n.Name].meshd.all(), rss: procRSS(n.Meshd().Pid()), heap: metricSum(text, "go_memstats_heap_inuse_bytes")}
 	}
 	return out
 }
@@ -658,18 +679,32 @@ func (y daemonSample) delta(x daemonSample, name, sel string) string {
 	return strconv.FormatFloat(sum(y.metrics)-sum(x.metrics), 'f', -1, 64)
 }
 
-func vmRSS(pid int) int64 {
+// rss is a process's resident set: VmRSS, and its anonymous (heap, stacks)
+// and file-backed (the executable's pages) parts, in bytes.
+type rss struct{ total, anon, file int64 }
+
+func procRSS(pid int) rss {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return rss{}
 	}
+	var r rss
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			r.total = kb * 1024
+		case "RssAnon:":
+			r.anon = kb * 1024
+		case "RssFile:":
+			r.file = kb * 1024
 		}
 	}
-	return 0
+	return r
 }
 
 // apiWrites reads the API server's apiserver_request_total and sums the

@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -84,6 +85,7 @@ func daemonCommand() subcommand {
 			return err
 		},
 		run: func(ctx context.Context, log *slog.Logger) error {
+			setGCPercent(log)
 			d, err := newDaemon(&c, opts, log)
 			if err != nil {
 				return fmt.Errorf("meshd cannot start: %w", err)
@@ -180,4 +182,20 @@ func trimStartupPages(log *slog.Logger) {
 		return
 	}
 	log.Info("returned the executable's start-up pages to the page cache", "resident_file_mb_before", r.ResidentBefore>>20, "resident_file_mb_after", r.ResidentAfter>>20)
+}
+
+// defaultGCPercent is the node daemon's GOGC unless the environment sets
+// one: the heap grows to 1.5 times what is live before a collection, not
+// twice. An idle meshd allocates little (a reconcile per --resync-period),
+// so the extra collections cost next to nothing, and the memory of an agent
+// that runs on every node is what a cluster pays N times: at 1,000 nodes in
+// location mesh, 65-68 MB of RSS instead of 82-94 (docs/scale.md).
+const defaultGCPercent = 50
+
+func setGCPercent(log *slog.Logger) {
+	if os.Getenv("GOGC") != "" {
+		return // the operator's choice
+	}
+	debug.SetGCPercent(defaultGCPercent)
+	log.Debug("garbage collection target set", "gogc", defaultGCPercent)
 }

@@ -6,9 +6,13 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -34,6 +38,7 @@ var FakeEndpointPrefix = netip.MustParsePrefix("203.0.113.240/28")
 type FakeNode struct {
 	Name       string
 	Region     string
+	PrivateKey wgtypes.Key // for a responder (StartFakeResponder)
 	PublicKey  wgtypes.Key
 	Endpoint   netip.AddrPort
 	InternalIP netip.Addr
@@ -59,6 +64,7 @@ func FakeNodes(prefix string, first, count int) ([]FakeNode, error) {
 		out = append(out, FakeNode{
 			Name:       fmt.Sprintf("%s-%d", prefix, i),
 			Region:     fmt.Sprintf("fake-%d", i%4),
+			PrivateKey: priv,
 			PublicKey:  priv.PublicKey(),
 			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
 			InternalIP: addr,
@@ -70,9 +76,66 @@ func FakeNodes(prefix string, first, count int) ([]FakeNode, error) {
 
 // EnsureFakeBlackhole installs (idempotently) the router's blackhole route
 // for FakeEndpointPrefix. It survives Reset; it is harmless to real nodes.
+// While a fake responder runs (StartFakeResponder) the prefix is routed to
+// it instead.
 func (tb *Testbed) EnsureFakeBlackhole(ctx context.Context) error {
-	_, err := run(ctx, "ip", "-n", tb.RouterNS, "route", "replace", "blackhole", FakeEndpointPrefix.String())
+	tb.mu.Lock()
+	via := tb.fakeResponder
+	tb.mu.Unlock()
+	route := []string{"blackhole", FakeEndpointPrefix.String()}
+	if via.IsValid() {
+		route = []string{FakeEndpointPrefix.String(), "via", via.String()}
+	}
+	_, err := run(ctx, append([]string{"ip", "-n", tb.RouterNS, "route", "replace"}, route...)...)
 	return err
+}
+
+// StartFakeResponder makes the fakes answer as real meshd nodes would:
+// an outside host on the WAN segment holds every address of
+// FakeEndpointPrefix, the router sends the prefix there instead of
+// blackholing it, and `e2etool wgfakes` answers WireGuard handshakes on
+// each fake's endpoint (with its private key) and meshd's probes on
+// probePort. Real nodes then establish sessions with the fakes as with real
+// peers, instead of retrying their handshakes (and keeping their first
+// packet queued) for 90 s. Pass every fake that may ever be created; stop
+// restores the blackhole (Reset removes the host).
+func (tb *Testbed) StartFakeResponder(ctx context.Context, fakes []FakeNode, probePort int) (stop func(), err error) {
+	e, err := tb.AddExternal(ctx, "fakewg")
+	if err != nil {
+		return nil, err
+	}
+	var keys strings.Builder
+	addrs := map[netip.Addr]bool{}
+	for _, f := range fakes {
+		fmt.Fprintf(&keys, "%s %s\n", f.PrivateKey, f.Endpoint)
+		addrs[f.Endpoint.Addr()] = true
+	}
+	for a := range addrs {
+		if _, err := e.Exec(ctx, "ip", "addr", "add", netip.PrefixFrom(a, 32).String(), "dev", "eth0"); err != nil {
+			return nil, err
+		}
+	}
+	file := filepath.Join(e.Dir, "wgfakes.txt")
+	if err := os.WriteFile(file, []byte(keys.String()), 0o600); err != nil {
+		return nil, err
+	}
+	p, err := e.Start("wgfakes", tb.ToolBinary, "wgfakes", "-probe-port", fmt.Sprint(probePort), file)
+	if err != nil {
+		return nil, err
+	}
+	tb.mu.Lock()
+	tb.fakeResponder = e.IP
+	tb.mu.Unlock()
+	if err := tb.EnsureFakeBlackhole(ctx); err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = p.Signal(syscall.SIGTERM)
+		tb.mu.Lock()
+		tb.fakeResponder = netip.Addr{}
+		tb.mu.Unlock()
+		_ = tb.EnsureFakeBlackhole(context.Background())
+	}, nil
 }
 
 // fastKube is a clientset without client-side rate limiting (the shared one
@@ -189,6 +252,7 @@ func FakeNodesWide(prefix string, first, count int, region func(i int) string) (
 		out = append(out, FakeNode{
 			Name:       fmt.Sprintf("%s-%d", prefix, i),
 			Region:     region(i),
+			PrivateKey: priv,
 			PublicKey:  priv.PublicKey(),
 			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
 			InternalIP: addr,

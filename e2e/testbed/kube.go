@@ -5,6 +5,7 @@ package testbed
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -107,6 +108,7 @@ func (tb *Testbed) Reset(ctx context.Context) error {
 	tb.clusters = nil
 	tb.nodes = map[string]*Node{}
 	tb.externals = map[string]*External{}
+	tb.fakeResponder = netip.Addr{} // its host goes with the externals
 	tb.locations = map[string]*Location{}
 	tb.nextExt = 0
 	tb.mu.Unlock()

@@ -104,10 +104,13 @@ type Testbed struct {
 	locations map[string]*Location
 	nodes     map[string]*Node
 	externals map[string]*External
-	clusters  []*Cluster // extra clusters (AddCluster), per scenario
-	nextNode  int
-	nextExt   int
-	lockFile  *os.File
+	// fakeResponder is the host answering for the fakes
+	// (StartFakeResponder; invalid: none, their prefix is blackholed).
+	fakeResponder netip.Addr
+	clusters      []*Cluster // extra clusters (AddCluster), per scenario
+	nextNode      int
+	nextExt       int
+	lockFile      *os.File
 }
 
 func (c *Config) defaults() error {

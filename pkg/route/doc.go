@@ -21,16 +21,20 @@
 // performs no netlink write at all when nothing differs. It goes on past a
 // failure and returns every failure joined.
 //
-// [Manager.Run] watches rtnetlink route and rule notifications and puts back
-// the last desired set when something else changes meshd's routes or rules.
+// [Manager.Run] watches rtnetlink route, rule and link notifications and puts
+// back the last desired set when something else changes meshd's routes or
+// rules, or a link they go through changes (the kernel removes IPv4 routes
+// through a link that goes down or away without a route notification).
 // netlink v1.3.1 has no rule subscription, so rules are watched with a raw
 // rtnetlink socket bound to RTNLGRP_IPV4_RULE and RTNLGRP_IPV6_RULE. When the
 // kernel drops the subscription (ENOBUFS after a burst), Run resubscribes with
 // exponential back-off and does a full resync; it never spins. Every
 // (re)subscription is followed by a full resync rather than ListExisting, so
-// nothing changed between two subscriptions is missed. A periodic resync
-// catches what the kernel does not announce (IPv4 routes flushed with a
-// deleted interface).
+// nothing changed between two subscriptions is missed. A periodic resync is
+// the net behind all that. While Run watches, a Set that repeats the last
+// desired set, after a sync that left the kernel matching it and with no
+// relevant notification since, reads nothing from the kernel: at 1,000
+// nodes that is a listing of 2,000 to 4,000 routes saved per reconcile.
 //
 // Besides ordinary routes, a Route may be a blackhole, unreachable or
 // prohibit route ([Type]): no gateway, no device. meshd pairs every route into

@@ -27,6 +27,7 @@ type FakeKernel struct {
 	subs      map[*fakeSub]bool
 	writes    uint64
 	subscribe int
+	lists     int
 
 	failFn       func(op string, obj any) error
 	subscribeErr error
@@ -68,8 +69,8 @@ func (f *FakeKernel) SetSubscribeErr(err error) {
 	f.subscribeErr = err
 }
 
-// AddLink creates an interface (a new index each time) and returns its
-// index; the prefixes are its connected networks.
+// AddLink creates an interface (a new index each time), notifies it and
+// returns its index; the prefixes are its connected networks.
 func (f *FakeKernel) AddLink(name string, connected ...netip.Prefix) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -79,11 +80,12 @@ func (f *FakeKernel) AddLink(name string, connected ...netip.Prefix) int {
 	for _, p := range connected {
 		f.connected[p.Masked()] = idx
 	}
+	f.notifyLocked(Event{Link: &LinkEvent{Index: idx}})
 	return idx
 }
 
 // DelLink removes an interface and, silently as the kernel does for IPv4,
-// every route through it.
+// every route through it; subscribers get the link notification only.
 func (f *FakeKernel) DelLink(name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -99,6 +101,14 @@ func (f *FakeKernel) DelLink(name string) {
 			delete(f.routes, r)
 		}
 	}
+	f.notifyLocked(Event{Link: &LinkEvent{Index: idx, Deleted: true}})
+}
+
+// Lists counts calls to ListRoutes.
+func (f *FakeKernel) Lists() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lists
 }
 
 // Routes returns every route of every table and protocol.
@@ -168,6 +178,7 @@ func (f *FakeKernel) fail(op string, obj any) error {
 
 func (f *FakeKernel) ListRoutes(table, protocol int) ([]KernelRoute, error) {
 	f.mu.Lock()
+	f.lists++
 	defer f.mu.Unlock()
 	var out []KernelRoute
 	for r := range f.routes {

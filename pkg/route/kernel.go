@@ -120,15 +120,26 @@ func (r KernelRule) String() string {
 
 // Event is one notification from a [Kernel] subscription.
 type Event struct {
-	// Route is set for a route notification, Rule for a rule notification.
+	// Route is set for a route notification, Rule for a rule notification,
+	// Link for a link notification.
 	Route *KernelRoute
 	Rule  *KernelRule
+	Link  *LinkEvent
 	// Deleted is true for RTM_DELROUTE / RTM_DELRULE.
 	Deleted bool
 	// Err reports that notifications may have been lost (a receive error,
 	// an interrupted dump): the watcher resyncs. The subscription itself is
 	// dead only when its channel closes.
 	Err error
+}
+
+// LinkEvent is a link notification: an interface was added, changed (up,
+// down) or removed. The kernel removes the IPv4 routes through a link that
+// goes down or away without a route notification; a link event on a link
+// meshd's routes use is how the Manager learns of that.
+type LinkEvent struct {
+	Index   int
+	Deleted bool // RTM_DELLINK
 }
 
 // Kernel is the seam between the Manager and the kernel's routing state.
@@ -147,7 +158,7 @@ type Kernel interface {
 	DelRule(KernelRule) error
 	// LinkIndex resolves an interface name.
 	LinkIndex(name string) (int, error)
-	// Subscribe starts route and rule notifications. The channel is closed
+	// Subscribe starts route, rule and link notifications. The channel is closed
 	// when the subscription dies (the kernel dropped it, e.g. ENOBUFS) or
 	// done is closed; the caller must then resubscribe.
 	Subscribe(done <-chan struct{}) (<-chan Event, error)

@@ -243,16 +243,18 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 		}
 		return nil, err
 	}
+	links, err := k.subscribeLinks(sub)
+	if err != nil {
+		sub.shutdown()
+		rules.Close()
+		for range routes {
+		}
+		return nil, err
+	}
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		sub.pumpRoutes(routes)
-	}()
-	go func() {
-		defer wg.Done()
-		sub.pumpRules(rules)
-	}()
+	wg.Go(func() { sub.pumpRoutes(routes) })
+	wg.Go(func() { sub.pumpRules(rules) })
+	wg.Go(func() { sub.pumpLinks(links) })
 	go func() {
 		select {
 		case <-done:
@@ -302,6 +304,33 @@ func (k *netlinkKernel) subscribeRoutes(s *subscription) (chan netlink.RouteUpda
 		return nil, fmt.Errorf("subscribe to route notifications: %w", err)
 	}
 	return routes, nil
+}
+
+// subscribeLinks subscribes to link notifications, closed with s.stop.
+func (k *netlinkKernel) subscribeLinks(s *subscription) (chan netlink.LinkUpdate, error) {
+	links := make(chan netlink.LinkUpdate, 64)
+	var nsOpt *netns.NsHandle // nil: this namespace, without entering it
+	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
+		nsOpt = &ns
+	}
+	err := netlink.LinkSubscribeWithOptions(links, s.stop, netlink.LinkSubscribeOptions{
+		Namespace:              nsOpt,
+		ReceiveBufferSize:      k.rcvBuf,
+		ReceiveBufferForceSize: k.rcvBufForce,
+		ErrorCallback:          func(err error) { s.send(Event{Err: fmt.Errorf("link notifications: %w", err)}) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to link notifications: %w", err)
+	}
+	return links, nil
+}
+
+// pumpLinks forwards link notifications until the subscription ends.
+func (s *subscription) pumpLinks(links <-chan netlink.LinkUpdate) {
+	defer s.shutdown()
+	for u := range links {
+		s.send(Event{Link: &LinkEvent{Index: int(u.Index), Deleted: u.Header.Type == unix.RTM_DELLINK}})
+	}
 }
 
 // subscribeRules opens a raw rtnetlink socket on the rule groups.

@@ -404,6 +404,33 @@ func TestNetlinkRunRepairs(t *testing.T) {
 	}
 }
 
+// TestNetlinkLinkDownUp: the kernel removes the IPv4 routes through a link
+// that goes down, without a route notification; Run learns of it from the
+// link notifications and puts the routes back as soon as the link is up
+// again (the periodic resync, 10 minutes in meshd, is not what repairs
+// it), and a Set of the same set after that looks at the kernel again.
+func TestNetlinkLinkDownUp(t *testing.T) {
+	tn := newTestNS(t)
+	m := tn.newManager(t)
+	// IPv4 only: the kernel announces the removal of IPv6 routes.
+	v4 := []Route{{Dst: pfx("10.5.0.0/16"), Device: "mesh0"}, {Dst: pfx("10.6.0.0/16"), Device: "mesh0", Src: addr("203.0.113.1")}}
+	mustSet(t, m, v4, rootRules)
+	startRun(t, m)
+	time.Sleep(100 * time.Millisecond) // subscribed
+	want := tn.ourRoutes(t)
+	if !tn.ip(t, "link", "set", "mesh0", "down") {
+		t.Skip("no ip(8)")
+	}
+	waitFor(t, time.Second, "the kernel dropped the routes through mesh0", func() bool { return !equalSets(tn.ourRoutes(t), want) })
+	tn.ip(t, "link", "set", "mesh0", "up")
+	took := waitFor(t, 2*time.Second, "routes back", func() bool { return equalSets(tn.ourRoutes(t), want) })
+	t.Logf("routes back %v after the link came up", took)
+	mustSet(t, m, v4, rootRules)
+	if !equalSets(tn.ourRoutes(t), want) {
+		t.Error("a Set after the repair lost routes")
+	}
+}
+
 // TestNetlinkOverrun provokes a real ENOBUFS (tiny receive buffer, a burst
 // of 2,000 route notifications), and checks that Run resubscribes, resyncs
 // in full (a route deleted in the burst comes back) and does not spin.

@@ -77,7 +77,18 @@ type Manager struct {
 	writes       atomic.Uint64
 	resubscribes atomic.Uint64
 	syncs        atomic.Uint64
+	skips        atomic.Uint64
 	close        func() error
+
+	// watching is true while Run watches the kernel's notifications;
+	// changes counts the notifications that may mean the kernel no longer
+	// matches (and every loss of the watch). clean is changes+1 as read at
+	// the start of the last sync that left the kernel matching the desired
+	// set while watching (0: none since): while it still holds, a Set of
+	// the same set has nothing to do.
+	watching atomic.Bool
+	changes  atomic.Uint64
+	clean    uint64
 }
 
 // view is an immutable snapshot of the Manager's state after a sync.
@@ -87,6 +98,7 @@ type view struct {
 	routes       map[KernelRoute]bool
 	rules        map[KernelRule]bool
 	desiredRules map[KernelRule]bool
+	links        map[int]bool // the links our routes go through
 }
 
 // NewWithKernel returns a Manager working through k.
@@ -136,6 +148,10 @@ func (m *Manager) Close() error {
 func (m *Manager) Set(routes []Route, rules []Rule) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.haveDesired && m.clean == m.changes.Load()+1 && slices.Equal(m.routes, routes) && slices.Equal(m.rules, rules) {
+		m.skips.Add(1)
+		return nil // unchanged, and Run saw nothing change in the kernel
+	}
 	m.routes = slices.Clone(routes)
 	m.rules = slices.Clone(rules)
 	m.haveDesired = true
@@ -174,16 +190,28 @@ func (m *Manager) write(what string, obj fmt.Stringer, f func() error) error {
 
 func (m *Manager) syncLocked() error {
 	m.syncs.Add(1)
+	start := m.changes.Load()
 	var errs []error
 	errs = append(errs, m.syncRoutes()...)
 	errs = append(errs, m.syncRules()...)
+	links := map[int]bool{}
+	for r := range m.routeState {
+		if r.LinkIndex != 0 {
+			links[r.LinkIndex] = true
+		}
+	}
 	m.view.Store(&view{
 		haveDesired:  m.haveDesired,
 		tables:       maps.Clone(m.tables),
 		routes:       m.routeState,
 		rules:        m.ruleState,
 		desiredRules: m.desiredRules,
+		links:        links,
 	})
+	m.clean = 0
+	if len(errs) == 0 && m.watching.Load() {
+		m.clean = start + 1
+	}
 	return errors.Join(errs...)
 }
 

@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -23,7 +24,10 @@ const (
 // buffer: ENOBUFS) or subscribing fails, Run waits (exponential back-off from
 // 100ms to 30s), subscribes again and does a full resync, since
 // notifications were lost. It also resyncs every Options.ResyncInterval.
-// Run returns nil when ctx is done.
+// While it watches, a Set that repeats the last desired set after a sync
+// that left the kernel matching it, with no relevant notification since,
+// trusts the watch and reads nothing from the kernel. Run returns nil when
+// ctx is done.
 func (m *Manager) Run(ctx context.Context, changed func()) error {
 	backoff := minBackoff
 	repair := func(reason string) {
@@ -59,8 +63,11 @@ func (m *Manager) Run(ctx context.Context, changed func()) error {
 		}
 		started := time.Now()
 		// Whatever happened while nobody listened.
+		m.watching.Store(true)
 		repair("subscribed")
 		alive := m.watch(ctx, events, repair)
+		m.watching.Store(false)
+		m.changes.Add(1)
 		close(done)
 		for range events { // let the subscription's goroutines finish
 		}
@@ -98,7 +105,11 @@ func (m *Manager) watch(ctx context.Context, events <-chan Event, repair func(st
 			if ev.Err != nil {
 				m.log.Warn("route and rule notifications", "err", ev.Err)
 			}
-			if reason := m.relevant(ev); reason != "" && timerC == nil {
+			reason := m.relevant(ev)
+			if reason != "" {
+				m.changes.Add(1) // the kernel may no longer match: Set must look
+			}
+			if reason != "" && timerC == nil {
 				timer = time.NewTimer(repairDelay)
 				timerC, pending = timer.C, reason
 			}
@@ -138,6 +149,14 @@ func (m *Manager) relevant(ev Event) string {
 			return "route deleted: " + r.String()
 		case !ev.Deleted && !in:
 			return "route added: " + r.String()
+		}
+		return ""
+	}
+	if l := ev.Link; l != nil {
+		// The kernel drops IPv4 routes through a link that goes down or
+		// away, without a route notification.
+		if v.links[l.Index] {
+			return fmt.Sprintf("link %d changed", l.Index)
 		}
 		return ""
 	}

@@ -170,3 +170,72 @@ func TestRunPeriodicResync(t *testing.T) {
 	r := KernelRoute{Family: FamilyV4, Table: 51820, Dst: pfx("10.5.0.0/16"), LinkIndex: idx, Protocol: 109}
 	waitFor(t, time.Second, "periodic resync", func() bool { return f.Routes()[r] })
 }
+
+// While Run watches, a Set of the same desired set after a sync that left
+// the kernel matching it reads nothing from the kernel; a new set, a
+// relevant notification or the loss of the watch makes the next Set look
+// again. Without Run, every Set looks.
+func TestSetTrustsTheWatch(t *testing.T) {
+	f, m, _, _ := fakeEnv(t)
+	routes := []Route{{Dst: pfx("10.5.0.0/16"), Device: "wg0"}, {Dst: pfx("10.6.0.0/16"), Gateway: addr("198.51.100.7")}}
+	lists := func() int { return f.Lists() }
+	mustSet(t, m, routes, []Rule{{}})
+	mustSet(t, m, routes, []Rule{{}})
+	if got := lists(); got != 2 {
+		t.Fatalf("without Run: %d listings for 2 Sets, want 2", got)
+	}
+	startRun(t, m)
+	waitFor(t, time.Second, "subscribed and synced", func() bool { return f.Subscribes() == 1 && lists() == 3 })
+	mustSet(t, m, routes, []Rule{{}})
+	mustSet(t, m, routes, []Rule{{}})
+	if got := lists(); got != 3 {
+		t.Fatalf("watched, unchanged: %d listings, want 3 (none for the Sets)", got)
+	}
+	// A new set looks.
+	routes = append(routes, Route{Dst: pfx("10.7.0.0/16"), Device: "wg0"})
+	mustSet(t, m, routes, []Rule{{}})
+	if got := lists(); got != 4 {
+		t.Fatalf("a new set: %d listings, want 4", got)
+	}
+	// A foreign change: repaired by Run (a listing), then trusted again.
+	r := KernelRoute{Family: FamilyV4, Table: 51820, Dst: pfx("10.5.0.0/16"), LinkIndex: 2, Protocol: 109}
+	if err := f.DelRoute(r); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "route restored", func() bool { return f.Routes()[r] })
+	n := lists()
+	mustSet(t, m, routes, []Rule{{}})
+	if got := lists(); got != n {
+		t.Fatalf("after the repair: %d listings, want %d", got, n)
+	}
+	// The watch lost: the next Set looks until Run synced again.
+	f.DropSubscriptions()
+	waitFor(t, 2*time.Second, "resubscribed", func() bool { return f.Subscribes() == 2 })
+	waitFor(t, time.Second, "resynced", func() bool { return lists() > n })
+}
+
+// A link that goes away takes its IPv4 routes with it, silently (no route
+// notification): Run repairs on the link notification, at once, and so
+// puts the routes on the link that replaces it.
+func TestRunRepairsAfterLinkLoss(t *testing.T) {
+	f, m, _, _ := fakeEnv(t)
+	mustSet(t, m, []Route{{Dst: pfx("10.5.0.0/16"), Device: "wg0"}}, []Rule{{}})
+	changed := startRun(t, m)
+	waitFor(t, time.Second, "subscribed", func() bool { return f.Subscribes() == 1 })
+	f.DelLink("wg0")
+	if len(ours(f)) != 0 {
+		t.Fatal("the fake kept routes through a deleted link")
+	}
+	idx := f.AddLink("wg0", pfx("10.4.0.1/16"))
+	r := KernelRoute{Family: FamilyV4, Table: 51820, Dst: pfx("10.5.0.0/16"), LinkIndex: idx, Protocol: 109}
+	took := waitFor(t, time.Second, "route back on the new wg0", func() bool { return f.Routes()[r] })
+	t.Logf("route back %v after the link came back", took)
+	waitFor(t, time.Second, "changed called", func() bool { return changed.Load() >= 1 })
+	// A link meshd's routes do not use changes nothing.
+	w := m.Writes()
+	f.AddLink("veth9")
+	time.Sleep(3 * repairDelay)
+	if m.Writes() != w {
+		t.Error("a foreign link's notification caused writes")
+	}
+}

@@ -12,6 +12,9 @@
 //	e2etool linkload [-mode nodes|controller] [-n N] [-duration D] SECRET
 //	                              the load of cluster links on a linked
 //	                              cluster's API server (linkload.go)
+//	e2etool wgfakes [-probe-port N] FILE
+//	                              answer WireGuard handshakes and meshd's
+//	                              probes for many fake nodes (wgfakes.go)
 //
 // Out of scope: checking results (the e2e tests do; e2etool only moves bytes
 // and reports what it saw).
@@ -72,13 +75,17 @@ func main() {
 		})))
 	case "linkload":
 		linkLoad(os.Args[2:])
+	case "wgfakes":
+		if err := wgfakes(os.Args[2:]); err != nil {
+			log.Fatal(err)
+		}
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES | e2etool http ADDR TEXT | e2etool linkload [-mode M] [-n N] [-duration D] SECRET")
+	fmt.Fprintln(os.Stderr, "usage: e2etool serve ADDR | e2etool send [-timeout D] ADDR BYTES | e2etool http ADDR TEXT | e2etool linkload [-mode M] [-n N] [-duration D] SECRET | e2etool wgfakes [-probe-port N] FILE")
 	os.Exit(2)
 }
 

@@ -1,0 +1,301 @@
+//go:build e2e
+
+package main
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"hash"
+	"log"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/blake2s"
+	"golang.org/x/crypto/chacha20poly1305"
+	"golang.org/x/crypto/curve25519"
+)
+
+// wgfakes is what meshd on many fake nodes would answer, in one process:
+// on each fake's WireGuard endpoint, the responder's half of WireGuard's
+// handshake (Noise_IKpsk2 without a preshared key, as in the WireGuard
+// paper, section 5.4), so real nodes establish sessions with fakes as they
+// do with real peers; on the probe port of each fake address, meshd's
+// data-plane probe echo (pkg/probe's wire format: "mshp", version 1, kind,
+// two zero bytes, a big-endian sequence number; the reply kind 2, healthy).
+// Transport data is dropped: the fakes carry no traffic.
+//
+//	e2etool wgfakes [-probe-port 51821] FILE
+//
+// FILE has one fake per line: its base64 private key and its endpoint
+// (ADDR:PORT). Every address must be local to the namespace.
+func wgfakes(args []string) error {
+	fs := flag.NewFlagSet("wgfakes", flag.ContinueOnError)
+	probePort := fs.Int("probe-port", 51821, "UDP port of meshd's data-plane probes on every fake address (0: none)")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		return errors.New("usage: e2etool wgfakes [-probe-port N] FILE")
+	}
+	fakes, err := readFakes(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	var handshakes, probes atomic.Int64
+	addrs := map[netip.Addr]bool{}
+	for _, f := range fakes {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(f.endpoint))
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", f.endpoint, err)
+		}
+		go serveHandshakes(c, f.responder, &handshakes)
+		addrs[f.endpoint.Addr()] = true
+	}
+	for a := range addrs {
+		if *probePort == 0 {
+			break
+		}
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(*probePort))))
+		if err != nil {
+			return fmt.Errorf("listening for probes on %s: %w", a, err)
+		}
+		go serveProbes(c, &probes)
+	}
+	log.Printf("wgfakes: %d fakes on %d addresses answer handshakes and probes", len(fakes), len(addrs))
+	for range time.Tick(30 * time.Second) {
+		log.Printf("wgfakes: %d handshakes answered, %d probes", handshakes.Load(), probes.Load())
+	}
+	return nil
+}
+
+type fakePeer struct {
+	endpoint  netip.AddrPort
+	responder *wgResponder
+}
+
+func readFakes(path string) ([]fakePeer, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []fakePeer
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("%s: want KEY ADDR:PORT, got %q", path, s.Text())
+		}
+		key, err := base64.StdEncoding.DecodeString(fields[0])
+		if err != nil || len(key) != 32 {
+			return nil, fmt.Errorf("%s: bad private key in %q", path, s.Text())
+		}
+		ep, err := netip.ParseAddrPort(fields[1])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		r, err := newWGResponder([32]byte(key))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fakePeer{endpoint: ep, responder: r})
+	}
+	return out, s.Err()
+}
+
+func serveHandshakes(c *net.UDPConn, r *wgResponder, n *atomic.Int64) {
+	buf := make([]byte, 2048)
+	for {
+		k, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			log.Printf("wgfakes: %v", err)
+			return
+		}
+		resp, err := r.respond(buf[:k])
+		if err != nil || resp == nil {
+			continue // transport data, cookies, garbage
+		}
+		if _, err := c.WriteToUDPAddrPort(resp, from); err == nil {
+			n.Add(1)
+		}
+	}
+}
+
+func serveProbes(c *net.UDPConn, n *atomic.Int64) {
+	buf := make([]byte, 64)
+	for {
+		k, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			log.Printf("wgfakes: %v", err)
+			return
+		}
+		if k < 16 || string(buf[:4]) != "mshp" || buf[4] != 1 || buf[5] != 1 {
+			continue
+		}
+		reply := append([]byte(nil), buf[:16]...)
+		reply[5] = 2 // healthy reply, same sequence number
+		if _, err := c.WriteToUDPAddrPort(reply, from); err == nil {
+			n.Add(1)
+		}
+	}
+}
+
+// WireGuard's handshake, responder side (the WireGuard paper, 5.4.2-5.4.3).
+const (
+	noiseConstruction = "Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s"
+	wgIdentifier      = "WireGuard v1 zx2c4 Jason@zx2c4.com"
+	wgLabelMAC1       = "mac1----"
+	wgInitiationSize  = 148
+	wgResponseSize    = 92
+)
+
+type wgResponder struct {
+	priv, pub [32]byte
+	// chain0 and hash0 are the chaining key and hash after the static
+	// part: HASH(CONSTRUCTION), HASH(HASH(chain0 || IDENTIFIER) || pub).
+	chain0, hash0 [32]byte
+	mac1Key       [32]byte // HASH(LABEL_MAC1 || pub): checks initiations
+}
+
+func newWGResponder(priv [32]byte) (*wgResponder, error) {
+	pub, err := curve25519.X25519(priv[:], curve25519.Basepoint)
+	if err != nil {
+		return nil, err
+	}
+	r := &wgResponder{priv: priv, pub: [32]byte(pub)}
+	r.chain0 = wgHash([]byte(noiseConstruction))
+	h := wgHash(r.chain0[:], []byte(wgIdentifier))
+	r.hash0 = wgHash(h[:], pub)
+	r.mac1Key = wgHash([]byte(wgLabelMAC1), pub)
+	return r, nil
+}
+
+func wgHash(parts ...[]byte) [32]byte {
+	h, _ := blake2s.New256(nil)
+	for _, p := range parts {
+		h.Write(p)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+func wgHMAC(key []byte, parts ...[]byte) [32]byte {
+	m := hmac.New(func() hash.Hash { h, _ := blake2s.New256(nil); return h }, key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return [32]byte(m.Sum(nil))
+}
+
+// wgKDF is KDF_n: τ0 = HMAC(key, input), τi = HMAC(τ0, τ(i-1) || i).
+func wgKDF(key, input []byte, n int) [][32]byte {
+	t0 := wgHMAC(key, input)
+	out := make([][32]byte, n)
+	var prev []byte
+	for i := range n {
+		out[i] = wgHMAC(t0[:], prev, []byte{byte(i + 1)})
+		prev = out[i][:]
+	}
+	return out
+}
+
+func wgMAC(key [32]byte, msg []byte) [16]byte {
+	h, _ := blake2s.New128(key[:])
+	h.Write(msg)
+	return [16]byte(h.Sum(nil))
+}
+
+var zeroNonce [chacha20poly1305.NonceSize]byte // counter 0
+
+func wgOpen(key [32]byte, sealed, ad []byte) ([]byte, error) {
+	a, err := chacha20poly1305.New(key[:])
+	if err != nil {
+		return nil, err
+	}
+	return a.Open(nil, zeroNonce[:], sealed, ad)
+}
+
+func wgSeal(key [32]byte, plain, ad []byte) []byte {
+	a, _ := chacha20poly1305.New(key[:])
+	return a.Seal(nil, zeroNonce[:], plain, ad)
+}
+
+// respond answers a handshake initiation with a response; anything else
+// (or an initiation not for this key) gets nil.
+func (r *wgResponder) respond(msg []byte) ([]byte, error) {
+	if len(msg) != wgInitiationSize || binary.LittleEndian.Uint32(msg[:4]) != 1 {
+		return nil, nil
+	}
+	if mac := wgMAC(r.mac1Key, msg[:116]); !hmac.Equal(mac[:], msg[116:132]) {
+		return nil, errors.New("bad mac1")
+	}
+	ei := msg[8:40]
+	c := wgKDF(r.chain0[:], ei, 1)[0]
+	h := wgHash(r.hash0[:], ei)
+	dh, err := curve25519.X25519(r.priv[:], ei)
+	if err != nil {
+		return nil, err
+	}
+	ck := wgKDF(c[:], dh, 2)
+	c = ck[0]
+	si, err := wgOpen(ck[1], msg[40:88], h[:])
+	if err != nil {
+		return nil, err
+	}
+	h = wgHash(h[:], msg[40:88])
+	if dh, err = curve25519.X25519(r.priv[:], si); err != nil {
+		return nil, err
+	}
+	ck = wgKDF(c[:], dh, 2)
+	c = ck[0]
+	if _, err := wgOpen(ck[1], msg[88:116], h[:]); err != nil {
+		return nil, err
+	}
+	h = wgHash(h[:], msg[88:116])
+	return r.response(c, h, ei, si, msg[4:8])
+}
+
+// response builds the handshake response from the initiation's chaining key
+// c, hash h, the initiator's ephemeral ei and static si, and its index.
+func (r *wgResponder) response(c, h [32]byte, ei, si, initiatorIndex []byte) ([]byte, error) {
+	var er [32]byte
+	if _, err := rand.Read(er[:]); err != nil {
+		return nil, err
+	}
+	erPub, err := curve25519.X25519(er[:], curve25519.Basepoint)
+	if err != nil {
+		return nil, err
+	}
+	resp := make([]byte, wgResponseSize)
+	binary.LittleEndian.PutUint32(resp[0:4], 2)
+	if _, err := rand.Read(resp[4:8]); err != nil { // our index: any
+		return nil, err
+	}
+	copy(resp[8:12], initiatorIndex)
+	copy(resp[12:44], erPub)
+	c = wgKDF(c[:], erPub, 1)[0]
+	h = wgHash(h[:], erPub)
+	for _, pub := range [][]byte{ei, si} {
+		dh, err := curve25519.X25519(er[:], pub)
+		if err != nil {
+			return nil, err
+		}
+		c = wgKDF(c[:], dh, 1)[0]
+	}
+	var psk [32]byte // no preshared key
+	t := wgKDF(c[:], psk[:], 3)
+	h = wgHash(h[:], t[1][:])
+	copy(resp[44:60], wgSeal(t[2], nil, h[:]))
+	mac := wgMAC(wgHash([]byte(wgLabelMAC1), si), resp[:60])
+	copy(resp[60:76], mac[:])
+	return resp, nil
+}
