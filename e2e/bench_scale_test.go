@@ -74,8 +74,9 @@ import (
 // BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
 // directory: meshd runs with --debug-pprof and the benchmark saves a CPU
-// profile of n2 over the steady window and every daemon's heap profile at
-// its end; profiling adds a little CPU to n2).
+// profile of n2 (or BENCH_PROFILE_NODE) over the steady window and every
+// daemon's heap profile at its end; profiling adds a little CPU to that
+// node).
 func TestBenchScale(t *testing.T) {
 	if os.Getenv("BENCH_SCALE") == "" {
 		t.Skip("the scale benchmark runs with make bench-scale (BENCH_SCALE=1)")
@@ -384,8 +385,14 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	profiled := make(chan error, 1)
 	if cfg.profile != "" { // a CPU profile of n2 over the window
 		go func() {
-			profiled <- benchProfile(ctx, nodes[1], fmt.Sprintf("profile?seconds=%d", int(cfg.steady.Seconds())),
-				filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s.cpu.pprof", mode, cfg.nodes, nodes[1].Name)), cfg.steady+time.Minute)
+			pn := nodes[1]
+			for _, n := range nodes {
+				if n.Name == os.Getenv("BENCH_PROFILE_NODE") {
+					pn = n
+				}
+			}
+			profiled <- benchProfile(ctx, pn, fmt.Sprintf("profile?seconds=%d", int(cfg.steady.Seconds())),
+				filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s.cpu.pprof", mode, cfg.nodes, pn.Name)), cfg.steady+time.Minute)
 		}()
 	}
 	time.Sleep(cfg.steady)

@@ -31,13 +31,22 @@ import (
 // Every node decides from the same published reports, so they agree on the
 // leaders; the reconcile only hands the prober its targets.
 
+// remoteCandidateEvery is how much less often a candidate probes another
+// location's candidates that do not lead it (every 4th interval: 2 s, down
+// after 8 s): the current leader's loss is what fails traffic over within
+// seconds, the others' only matters once one of them leads, by when it has
+// been probed for a while. At 10 locations it halves the probe packets.
+const remoteCandidateEvery = 4
+
 // probeTargets are the nodes self probes, if it is a leader candidate
 // (mesh.Candidates; only candidates lead, so only they are judged and
 // vote): every other candidate with an observed Lease (judged), of its own
 // location at its internal IP, of every other location at its endpoint
-// address. Probing is thus bounded by the candidates (k per location), not
-// by the cluster's size, and a non-candidate neither probes nor is probed.
-func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, candidates, judged map[string]bool, port int) []probe.Target {
+// address (its leader at every interval, the others at every
+// remoteCandidateEvery-th; leaders: location name to leader). Probing is
+// thus bounded by the candidates (k per location), not by the cluster's
+// size, and a non-candidate neither probes nor is probed.
+func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, candidates, judged map[string]bool, leaders map[string]string, port int) []probe.Target {
 	if !candidates[self] {
 		return nil
 	}
@@ -57,7 +66,11 @@ func probeTargets(nodes []mesh.Node, self string, g mesh.Granularity, candidates
 				out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(preferV4(n.InternalIPs), uint16(port))})
 			}
 		} else if a := n.Endpoint.Addr.Addr(); a.IsValid() {
-			out = append(out, probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))})
+			t := probe.Target{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), uint16(port))}
+			if leaders[n.Location] != n.Name {
+				t.Every = remoteCandidateEvery
+			}
+			out = append(out, t)
 		}
 	}
 	slices.SortFunc(out, func(a, b probe.Target) int { return strings.Compare(a.Name, b.Name) })

@@ -48,19 +48,22 @@ func TestProbeTargets(t *testing.T) {
 	for n := range live {
 		judged[n] = cands[n]
 	}
-	got := probeTargets(nodes, "a1", mesh.GranularityLocation, cands, judged, 51821)
+	// b5 leads b: probed at every interval, b's other candidates at every
+	// 4th.
+	slow := func(tt probe.Target) probe.Target { tt.Every = remoteCandidateEvery; return tt }
+	got := probeTargets(nodes, "a1", mesh.GranularityLocation, cands, judged, map[string]string{"a": "a1", "b": "b5"}, 51821)
 	want := []probe.Target{
 		tg("a2", "198.51.100.11"), tg("a3", "198.51.100.12"),
-		tg("b1", "203.0.113.1"), tg("b2", "203.0.113.2"), tg("b4", "203.0.113.4"), tg("b5", "203.0.113.5"),
+		slow(tg("b1", "203.0.113.1")), slow(tg("b2", "203.0.113.2")), slow(tg("b4", "203.0.113.4")), tg("b5", "203.0.113.5"),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("probeTargets =\n%v\nwant\n%v", got, want)
 	}
-	if got := probeTargets(nodes, "b6", mesh.GranularityLocation, cands, judged, 51821); len(got) != 0 {
+	if got := probeTargets(nodes, "b6", mesh.GranularityLocation, cands, judged, nil, 51821); len(got) != 0 {
 		t.Errorf("b6 is no candidate: it probes nothing, got %v", got)
 	}
 	full := mesh.Candidates(nodes, mesh.GranularityFull, 3, live)
-	if got := probeTargets(nodes, "a1", mesh.GranularityFull, full, judged, 51821); len(got) != 0 {
+	if got := probeTargets(nodes, "a1", mesh.GranularityFull, full, judged, nil, 51821); len(got) != 0 {
 		t.Errorf("full mesh: every node leads itself, nothing to probe: %v", got)
 	}
 	keys := convert.LocationKeys([]mesh.Node{{Name: "x", Location: "a"}, {Name: "y"}}, mesh.GranularityLocation)

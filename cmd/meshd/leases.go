@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -30,17 +31,18 @@ type leaseWatch struct {
 }
 
 func newLeaseWatch(kube kubernetes.Interface, c *config, handler cache.ResourceEventHandler) (*leaseWatch, error) {
-	informer := func(tweak func(*metav1.ListOptions)) (cache.SharedIndexInformer, error) {
+	informer := func(tweak func(*metav1.ListOptions), h cache.ResourceEventHandler) (cache.SharedIndexInformer, error) {
 		f := informers.NewSharedInformerFactoryWithOptions(kube, noInformerResync, informers.WithNamespace(c.LeaseNamespace),
 			informers.WithTransform(dropManagedFields), informers.WithTweakListOptions(tweak))
 		i := f.Coordination().V1().Leases().Informer()
-		_, err := i.AddEventHandler(handler)
+		_, err := i.AddEventHandler(h)
 		return i, err
 	}
-	own := fields.OneTermEqualSelector("metadata.name", liveness.LeaseName(c.Hostname)).String()
+	ownName := liveness.LeaseName(c.Hostname)
+	own := fields.OneTermEqualSelector("metadata.name", ownName).String()
 	w := &leaseWatch{}
 	var err error
-	if w.own, err = informer(func(o *metav1.ListOptions) { o.FieldSelector = own }); err != nil {
+	if w.own, err = informer(func(o *metav1.ListOptions) { o.FieldSelector = own }, handler); err != nil {
 		return nil, err
 	}
 	if c.Granularity == string(mesh.GranularityFull) {
@@ -51,7 +53,16 @@ func newLeaseWatch(kube kubernetes.Interface, c *config, handler cache.ResourceE
 		return nil, err
 	}
 	candidates := labels.NewSelector().Add(*r).String()
-	w.candidates, err = informer(func(o *metav1.ListOptions) { o.LabelSelector = candidates })
+	// The own Lease is the own informer's: it leaving the candidates (a
+	// "deletion" there) is no news of this node.
+	others := cache.FilteringResourceEventHandler{Handler: handler, FilterFunc: func(obj any) bool {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		l, ok := obj.(*coordinationv1.Lease)
+		return !ok || l.Name != ownName
+	}}
+	w.candidates, err = informer(func(o *metav1.ListOptions) { o.LabelSelector = candidates }, others)
 	return w, err
 }
 

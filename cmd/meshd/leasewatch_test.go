@@ -88,10 +88,19 @@ func TestLeaseInformerScope(t *testing.T) {
 			if len(seen) == 0 {
 				t.Fatal("no Lease reached the handler")
 			}
+			own := 0
 			for _, l := range seen {
 				if len(l.ManagedFields) != 0 {
 					t.Errorf("managed fields kept in the Lease cache: %s", l.Name)
 				}
+				if l.Name == liveness.LeaseName("n1") {
+					own++
+				}
+			}
+			// The own Lease comes from the own informer only: its leaving
+			// the candidates is no news of this node.
+			if own != 1 {
+				t.Errorf("the own Lease reached the handler %d times, want 1", own)
 			}
 		})
 	}

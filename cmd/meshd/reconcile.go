@@ -202,7 +202,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		return fmt.Errorf("planning: %w", err)
 	}
 	if r.prober != nil {
-		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, in.candidates, in.judged, r.probePort))
+		r.prober.SetTargets(probeTargets(in.nodes, r.node, r.opts.Granularity, in.candidates, in.judged, plan.Leaders, r.probePort))
 	}
 	// Whether this node is a leader candidate: the heartbeat labels its
 	// Lease, so that every node watches it (leases.go).

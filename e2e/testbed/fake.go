@@ -123,6 +123,15 @@ func (tb *Testbed) StartFakeResponder(ctx context.Context, fakes []FakeNode, pro
 	if err != nil {
 		return nil, err
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, _ := os.ReadFile(p.LogPath); strings.Contains(string(b), "answer handshakes and probes") {
+			break
+		}
+		if p.Exited() || time.Now().After(deadline) {
+			_ = p.Signal(syscall.SIGTERM)
+			return nil, fmt.Errorf("the fake responder did not start: %v\n%s", p.Err(), tail(p.LogPath, 10))
+		}
+	}
 	tb.mu.Lock()
 	tb.fakeResponder = e.IP
 	tb.mu.Unlock()

@@ -34,7 +34,7 @@ func (p *Prober) sendICMP(pc net.PacketConn, id uint16) {
 	}
 	batch := make([]out, 0, len(p.targets))
 	for _, t := range p.targets {
-		if !t.addr.Addr().Is4() {
+		if !t.addr.Addr().Is4() || !t.due() {
 			continue
 		}
 		p.seq++

@@ -1,8 +1,8 @@
 // Package probe is meshd's data-plane liveness signal: a small UDP echo on
 // the underlay. Every node answers probes on one UDP port and probes a set
-// of targets (the members of its own location at their internal IPs, and
-// the leader candidates of other locations at their WireGuard endpoint
-// addresses). A target answering is Up; one that answered before and has
+// of targets (in meshd, a leader candidate probes the other candidates: of
+// its own location at their internal IPs, of other locations at their
+// WireGuard endpoint addresses). A target answering is Up; one that answered before and has
 // not answered for DownAfter is Down; one that never answered is Unknown
 // (behind a NAT, a firewall that drops the port, or not started yet) and
 // tells nothing.
@@ -65,6 +65,10 @@ func (s State) String() string {
 type Target struct {
 	Name string
 	Addr netip.AddrPort
+	// Every probes the target at every Every-th interval only (0 and 1:
+	// every interval); it is Down after Every times DownAfter. For targets
+	// whose loss matters less soon, at a fraction of the packets.
+	Every int
 }
 
 // Defaults.
@@ -120,6 +124,24 @@ type target struct {
 	lastOK time.Time // last healthy reply
 	streak int       // consecutive healthy replies
 	seq    uint64
+	every  int // Target.Every, at least 1
+	skip   int // intervals to skip before the next probe
+}
+
+// due reports whether t is probed at this interval (see Target.Every); it
+// counts the interval.
+func (t *target) due() bool {
+	if t.skip > 0 {
+		t.skip--
+		return false
+	}
+	t.skip = t.every - 1
+	return true
+}
+
+// downAfter is how long t may stay silent before it is Down.
+func (p *Prober) downAfter(t *target) time.Duration {
+	return p.o.DownAfter * time.Duration(t.every)
 }
 
 // Prober sends and answers probes. Create it with New, give it targets
@@ -177,11 +199,16 @@ func (p *Prober) SetTargets(ts []Target) bool {
 		if p.o.ICMP {
 			t.Addr = netip.AddrPortFrom(t.Addr.Addr(), 0)
 		}
+		every := max(t.Every, 1)
 		if old, ok := p.targets[t.Name]; ok && old.addr == t.Addr {
+			if old.every != every {
+				old.every, old.skip, changed = every, 0, true
+			}
 			next[t.Name] = old
 			continue
 		}
-		next[t.Name] = &target{name: t.Name, addr: t.Addr}
+		// Slow targets spread over the intervals.
+		next[t.Name] = &target{name: t.Name, addr: t.Addr, every: every, skip: len(next) % every}
 		changed = true
 	}
 	changed = changed || len(next) != len(p.targets)
@@ -326,6 +353,9 @@ func (p *Prober) send(conn *net.UDPConn) {
 	}
 	batch := make([]out, 0, len(p.targets))
 	for _, t := range p.targets {
+		if !t.due() {
+			continue
+		}
 		p.seq++
 		t.seq = p.seq
 		batch = append(batch, out{t.addr, t.seq})
@@ -345,7 +375,7 @@ func (p *Prober) expire() bool {
 	now := p.o.Now()
 	changed := false
 	for _, t := range p.targets {
-		if t.state == Up && now.Sub(t.lastOK) >= p.o.DownAfter {
+		if t.state == Up && now.Sub(t.lastOK) >= p.downAfter(t) {
 			t.state = Down
 			t.streak = 0
 			changed = true

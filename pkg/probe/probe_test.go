@@ -132,3 +132,66 @@ func TestDecode(t *testing.T) {
 		t.Error("New accepted port 0")
 	}
 }
+
+// A target probed at every 4th interval gets about a quarter of the probes
+// one probed at every interval gets, and goes Down only after 4 times
+// DownAfter.
+func TestProberEvery(t *testing.T) {
+	a, err := New(Options{Port: freePort(t), Interval: 20 * time.Millisecond, DownAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer atomic.Bool
+	answer.Store(true)
+	// responder counts the requests it gets and answers while answer holds.
+	responder := func() (netip.AddrPort, *atomic.Int32) {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		var n atomic.Int32
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				k, from, err := c.ReadFromUDPAddrPort(buf)
+				if err != nil {
+					return
+				}
+				if kind, seq, ok := decode(buf[:k]); ok && kind == kindRequest {
+					n.Add(1)
+					if answer.Load() {
+						_, _ = c.WriteToUDPAddrPort(encode(kindHealthy, seq), from)
+					}
+				}
+			}
+		}()
+		return c.LocalAddr().(*net.UDPAddr).AddrPort(), &n
+	}
+	slowAddr, slow := responder()
+	fastAddr, fast := responder()
+	a.SetTargets([]Target{{Name: "slow", Addr: slowAddr, Every: 4}, {Name: "fast", Addr: fastAddr}})
+	start(t, a)
+	waitState(t, a, "slow", Up, 5*time.Second)
+	waitState(t, a, "fast", Up, 5*time.Second)
+	s0, f0 := slow.Load(), fast.Load()
+	time.Sleep(800 * time.Millisecond)
+	ds, df := slow.Load()-s0, fast.Load()-f0
+	if df < 8 || 2*ds > df || 8*ds < df {
+		t.Errorf("%d probes of the slow target, %d of the fast one: want about a quarter", ds, df)
+	}
+	answer.Store(false)
+	silent := time.Now()
+	waitState(t, a, "fast", Down, 5*time.Second)
+	waitState(t, a, "slow", Down, 5*time.Second)
+	if took := time.Since(silent); took < 300*time.Millisecond {
+		t.Errorf("slow target Down after %v of silence, want about 4 x 100 ms", took)
+	}
+	// A new Every on the same target: a change, the state is kept.
+	if !a.SetTargets([]Target{{Name: "slow", Addr: slowAddr}, {Name: "fast", Addr: fastAddr}}) {
+		t.Error("a new Every is no change")
+	}
+	if a.Results()["slow"] != Down {
+		t.Error("the target lost its state")
+	}
+}

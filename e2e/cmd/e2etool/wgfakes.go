@@ -49,26 +49,27 @@ func wgfakes(args []string) error {
 		return err
 	}
 	var handshakes, probes atomic.Int64
-	addrs := map[netip.Addr]bool{}
+	// One socket per address and port: a fake's endpoint may be on the
+	// probe port, and the packets tell themselves apart ("mshp" or a
+	// WireGuard message type).
+	sockets := map[netip.AddrPort]*wgResponder{}
 	for _, f := range fakes {
-		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(f.endpoint))
-		if err != nil {
-			return fmt.Errorf("listening on %s: %w", f.endpoint, err)
+		sockets[f.endpoint] = f.responder
+		if *probePort != 0 {
+			p := netip.AddrPortFrom(f.endpoint.Addr(), uint16(*probePort))
+			if _, ok := sockets[p]; !ok {
+				sockets[p] = nil // probes only
+			}
 		}
-		go serveHandshakes(c, f.responder, &handshakes)
-		addrs[f.endpoint.Addr()] = true
 	}
-	for a := range addrs {
-		if *probePort == 0 {
-			break
-		}
-		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, uint16(*probePort))))
+	for ap, r := range sockets {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(ap))
 		if err != nil {
-			return fmt.Errorf("listening for probes on %s: %w", a, err)
+			return fmt.Errorf("listening on %s: %w", ap, err)
 		}
-		go serveProbes(c, &probes)
+		go serveFake(c, r, &handshakes, &probes)
 	}
-	log.Printf("wgfakes: %d fakes on %d addresses answer handshakes and probes", len(fakes), len(addrs))
+	log.Printf("wgfakes: %d fakes answer handshakes and probes on %d sockets", len(fakes), len(sockets))
 	for range time.Tick(30 * time.Second) {
 		log.Printf("wgfakes: %d handshakes answered, %d probes", handshakes.Load(), probes.Load())
 	}
@@ -113,7 +114,9 @@ func readFakes(path string) ([]fakePeer, error) {
 	return out, s.Err()
 }
 
-func serveHandshakes(c *net.UDPConn, r *wgResponder, n *atomic.Int64) {
+// serveFake answers on one socket: meshd's probes, and WireGuard handshake
+// initiations for r (nil: probes only).
+func serveFake(c *net.UDPConn, r *wgResponder, handshakes, probes *atomic.Int64) {
 	buf := make([]byte, 2048)
 	for {
 		k, from, err := c.ReadFromUDPAddrPort(buf)
@@ -121,33 +124,31 @@ func serveHandshakes(c *net.UDPConn, r *wgResponder, n *atomic.Int64) {
 			log.Printf("wgfakes: %v", err)
 			return
 		}
-		resp, err := r.respond(buf[:k])
-		if err != nil || resp == nil {
-			continue // transport data, cookies, garbage
+		var reply []byte
+		count := handshakes
+		if p := buf[:k]; len(p) >= 16 && string(p[:4]) == "mshp" {
+			reply, count = probeReply(p), probes
+		} else if r != nil {
+			reply, _ = r.respond(p) // nil for transport data, cookies, garbage
 		}
-		if _, err := c.WriteToUDPAddrPort(resp, from); err == nil {
-			n.Add(1)
+		if reply == nil {
+			continue
+		}
+		if _, err := c.WriteToUDPAddrPort(reply, from); err == nil {
+			count.Add(1)
 		}
 	}
 }
 
-func serveProbes(c *net.UDPConn, n *atomic.Int64) {
-	buf := make([]byte, 64)
-	for {
-		k, from, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			log.Printf("wgfakes: %v", err)
-			return
-		}
-		if k < 16 || string(buf[:4]) != "mshp" || buf[4] != 1 || buf[5] != 1 {
-			continue
-		}
-		reply := append([]byte(nil), buf[:16]...)
-		reply[5] = 2 // healthy reply, same sequence number
-		if _, err := c.WriteToUDPAddrPort(reply, from); err == nil {
-			n.Add(1)
-		}
+// probeReply answers a probe request (version 1, kind 1) with a healthy
+// reply (kind 2) carrying its sequence number; nil for anything else.
+func probeReply(p []byte) []byte {
+	if p[4] != 1 || p[5] != 1 {
+		return nil
 	}
+	reply := append([]byte(nil), p[:16]...)
+	reply[5] = 2
+	return reply
 }
 
 // WireGuard's handshake, responder side (the WireGuard paper, 5.4.2-5.4.3).

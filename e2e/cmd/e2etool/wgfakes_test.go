@@ -34,8 +34,8 @@ func TestWGFakesHandshake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var answered atomic.Int64
-	go serveHandshakes(c, r, &answered)
+	var answered, probes atomic.Int64
+	go serveFake(c, r, &answered, &probes)
 
 	ourKey, err := wgtypes.GeneratePrivateKey()
 	if err != nil {
@@ -71,15 +71,9 @@ func TestWGFakesHandshake(t *testing.T) {
 		t.Fatal("a handshake without a response: not ours")
 	}
 
-	// A probe of meshd's wire format is echoed as a healthy reply.
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	var probes atomic.Int64
-	go serveProbes(pc, &probes)
-	cl, err := net.DialUDP("udp", nil, pc.LocalAddr().(*net.UDPAddr))
+	// A probe of meshd's wire format, on the same socket, is echoed as a
+	// healthy reply.
+	cl, err := net.DialUDP("udp", nil, c.LocalAddr().(*net.UDPAddr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +90,7 @@ func TestWGFakesHandshake(t *testing.T) {
 	}
 	want := append([]byte(nil), req...)
 	want[5] = 2
-	if got := buf[:n]; string(got) != string(want) {
-		t.Errorf("probe reply %v, want %v", got, want)
+	if got := buf[:n]; string(got) != string(want) || probes.Load() != 1 {
+		t.Errorf("probe reply %v (%d probes counted), want %v", got, probes.Load(), want)
 	}
 }
