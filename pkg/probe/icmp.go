@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"time"
 )
 
 // runICMP is Run with Options.ICMP: echo requests to the targets through a
@@ -52,11 +51,10 @@ func (p *Prober) sendICMP(pc net.PacketConn, id uint16) {
 
 func (p *Prober) receiveICMP(ctx context.Context, pc net.PacketConn, id uint16) {
 	buf := make([]byte, 1500)
-	for ctx.Err() == nil {
-		_ = pc.SetReadDeadline(time.Now().Add(readDeadline))
+	for {
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
 				return
 			}
 			continue

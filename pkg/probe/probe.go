@@ -260,7 +260,6 @@ const (
 	kindRequest  = 1
 	kindHealthy  = 2
 	kindSick     = 3
-	readDeadline = 250 * time.Millisecond
 )
 
 var magic = [4]byte{'m', 's', 'h', 'p'}
@@ -316,7 +315,9 @@ func (p *Prober) Run(ctx context.Context) error {
 }
 
 // loop runs receive in its own goroutine and sends every interval (or when
-// the targets change) until ctx ends, then closes conn.
+// the targets change) until ctx ends, then closes conn. Without targets it
+// waits for some, waking nothing meanwhile (a node that is no leader
+// candidate probes nothing).
 func (p *Prober) loop(ctx context.Context, conn net.PacketConn, receive, send func()) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -328,15 +329,25 @@ func (p *Prober) loop(ctx context.Context, conn net.PacketConn, receive, send fu
 		if p.expire() {
 			p.changed()
 		}
+		var tick <-chan time.Time // nil: no targets, no tick
+		if p.hasTargets() {
+			tick = t.C
+		}
 		select {
 		case <-ctx.Done():
 			conn.Close()
 			wg.Wait()
 			return nil
-		case <-t.C:
+		case <-tick:
 		case <-p.wake:
 		}
 	}
+}
+
+func (p *Prober) hasTargets() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.targets) > 0
 }
 
 func (p *Prober) changed() {
@@ -385,13 +396,14 @@ func (p *Prober) expire() bool {
 	return changed
 }
 
+// receive answers and reads probes until conn is closed (loop closes it
+// when ctx ends): it blocks in the read meanwhile, waking for packets only.
 func (p *Prober) receive(ctx context.Context, conn *net.UDPConn) {
 	buf := make([]byte, 64)
-	for ctx.Err() == nil {
-		_ = conn.SetReadDeadline(time.Now().Add(readDeadline))
+	for {
 		n, from, err := conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
 				return
 			}
 			continue

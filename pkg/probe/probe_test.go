@@ -195,3 +195,34 @@ func TestProberEvery(t *testing.T) {
 		t.Error("the target lost its state")
 	}
 }
+
+// Without targets the loop sends nothing at the interval: it waits for
+// targets (a node that is no leader candidate wakes for nothing), and a new
+// set of targets is probed at once.
+func TestLoopIdleWithoutTargets(t *testing.T) {
+	p, err := New(Options{Port: freePort(t), Interval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sends atomic.Int32
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.loop(ctx, c, func() { <-ctx.Done() }, func() { sends.Add(1) }) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond) // 40 intervals
+	if n := sends.Load(); n != 1 {
+		t.Errorf("%d sends without targets in 40 intervals, want the first one only", n)
+	}
+	p.SetTargets([]Target{{Name: "x", Addr: netip.MustParseAddrPort("127.0.0.1:9")}})
+	deadline := time.Now().Add(5 * time.Second)
+	for sends.Load() < 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sends with a target", sends.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
