@@ -255,11 +255,11 @@ func Split(results map[string]State) (up, down []string) {
 }
 
 const (
-	wireLen      = 16
-	wireVersion  = 1
-	kindRequest  = 1
-	kindHealthy  = 2
-	kindSick     = 3
+	wireLen     = 16
+	wireVersion = 1
+	kindRequest = 1
+	kindHealthy = 2
+	kindSick    = 3
 )
 
 var magic = [4]byte{'m', 's', 'h', 'p'}
