@@ -28,11 +28,14 @@ import (
 // wgfakes is what meshd on many fake nodes would answer, in one process:
 // on each fake's WireGuard endpoint, the responder's half of WireGuard's
 // handshake (Noise_IKpsk2 without a preshared key, as in the WireGuard
-// paper, section 5.4), so real nodes establish sessions with fakes as they
-// do with real peers; on the probe port of each fake address, meshd's
-// data-plane probe echo (pkg/probe's wire format: "mshp", version 1, kind,
-// two zero bytes, a big-endian sequence number; the reply kind 2, healthy).
-// Transport data is dropped: the fakes carry no traffic.
+// paper, section 5.4), with the cookies of section 5.4.7 (a real node under
+// load, with a thousand handshakes at once, answers a response without a
+// valid mac2 with a cookie reply, and takes the next response only with
+// it), so real nodes establish sessions with fakes as they do with real
+// peers; on the probe port of each fake address, meshd's data-plane probe
+// echo (pkg/probe's wire format: "mshp", version 1, kind, two zero bytes, a
+// big-endian sequence number; the reply kind 2, healthy). Transport data is
+// dropped: the fakes carry no traffic.
 //
 //	e2etool wgfakes [-probe-port 51821] FILE
 //
@@ -166,14 +169,33 @@ type wgResponder struct {
 	// part: HASH(CONSTRUCTION), HASH(HASH(chain0 || IDENTIFIER) || pub).
 	chain0, hash0 [32]byte
 	mac1Key       [32]byte // HASH(LABEL_MAC1 || pub): checks initiations
+	// sent are the responses sent lately, by our index: a cookie reply
+	// names one and is sealed with its mac1 and its initiator's key.
+	// cookies are the cookies the initiators gave, by their key. One
+	// goroutine serves a responder: no lock.
+	sent    map[uint32]sentResponse
+	cookies map[[32]byte]cookie
 }
+
+type sentResponse struct {
+	initiator [32]byte
+	mac1      [16]byte
+}
+
+type cookie struct {
+	value [16]byte
+	at    time.Time
+}
+
+// wgCookieLife is how long a cookie is good (COOKIE_SECRET_MAX_AGE).
+const wgCookieLife = 120 * time.Second
 
 func newWGResponder(priv [32]byte) (*wgResponder, error) {
 	pub, err := curve25519.X25519(priv[:], curve25519.Basepoint)
 	if err != nil {
 		return nil, err
 	}
-	r := &wgResponder{priv: priv, pub: [32]byte(pub)}
+	r := &wgResponder{priv: priv, pub: [32]byte(pub), sent: map[uint32]sentResponse{}, cookies: map[[32]byte]cookie{}}
 	r.chain0 = wgHash([]byte(noiseConstruction))
 	h := wgHash(r.chain0[:], []byte(wgIdentifier))
 	r.hash0 = wgHash(h[:], pub)
@@ -230,9 +252,13 @@ func wgSeal(key [32]byte, plain, ad []byte) []byte {
 	return a.Seal(nil, zeroNonce[:], plain, ad)
 }
 
-// respond answers a handshake initiation with a response; anything else
-// (or an initiation not for this key) gets nil.
+// respond answers a handshake initiation with a response and takes a
+// cookie reply's cookie; anything else (or an initiation not for this key)
+// gets nil.
 func (r *wgResponder) respond(msg []byte) ([]byte, error) {
+	if len(msg) == wgCookieReplySize && binary.LittleEndian.Uint32(msg[:4]) == 3 {
+		return nil, r.takeCookie(msg)
+	}
 	if len(msg) != wgInitiationSize || binary.LittleEndian.Uint32(msg[:4]) != 1 {
 		return nil, nil
 	}
@@ -298,5 +324,38 @@ func (r *wgResponder) response(c, h [32]byte, ei, si, initiatorIndex []byte) ([]
 	copy(resp[44:60], wgSeal(t[2], nil, h[:]))
 	mac := wgMAC(wgHash([]byte(wgLabelMAC1), si), resp[:60])
 	copy(resp[60:76], mac[:])
+	if c, ok := r.cookies[[32]byte(si)]; ok && time.Since(c.at) < wgCookieLife {
+		h, _ := blake2s.New128(c.value[:])
+		h.Write(resp[:76])
+		copy(resp[76:92], h.Sum(nil))
+	}
+	if len(r.sent) >= 64 { // a few in flight is all a cookie reply can name
+		clear(r.sent)
+	}
+	r.sent[binary.LittleEndian.Uint32(resp[4:8])] = sentResponse{initiator: [32]byte(si), mac1: mac}
 	return resp, nil
+}
+
+// wgCookieReplySize: type, receiver index, 24-byte nonce, sealed cookie.
+const wgCookieReplySize = 64
+
+// takeCookie reads a cookie reply to one of our responses: the cookie is
+// sealed (XChaCha20Poly1305) with HASH(LABEL_COOKIE || the sender's key),
+// with the mac1 of our response as additional data.
+func (r *wgResponder) takeCookie(msg []byte) error {
+	sent, ok := r.sent[binary.LittleEndian.Uint32(msg[4:8])]
+	if !ok {
+		return errors.New("a cookie reply to no response of ours")
+	}
+	key := wgHash([]byte("cookie--"), sent.initiator[:])
+	a, err := chacha20poly1305.NewX(key[:])
+	if err != nil {
+		return err
+	}
+	v, err := a.Open(nil, msg[8:32], msg[32:64], sent.mac1[:])
+	if err != nil {
+		return err
+	}
+	r.cookies[sent.initiator] = cookie{value: [16]byte(v), at: time.Now()}
+	return nil
 }

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -92,5 +94,52 @@ func TestWGFakesHandshake(t *testing.T) {
 	want[5] = 2
 	if got := buf[:n]; string(got) != string(want) || probes.Load() != 1 {
 		t.Errorf("probe reply %v (%d probes counted), want %v", got, probes.Load(), want)
+	}
+
+	// A node under load answers our response with a cookie reply
+	// (wireguard-go's own CookieChecker, keyed with the initiator's key);
+	// the next response carries the mac2 it then checks.
+	c2, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	pub := ourKey.PublicKey()
+	cfg = fmt.Sprintf("public_key=%s\nremove=true\npublic_key=%s\nendpoint=%s\npersistent_keepalive_interval=1\nallowed_ip=10.99.0.0/24\n",
+		hex.EncodeToString(r.pub[:]), hex.EncodeToString(r.pub[:]), c2.LocalAddr())
+	if err := dev.IpcSet(cfg); err != nil {
+		t.Fatal(err)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	initiation := make([]byte, 2048)
+	n, err = c2.Read(initiation)
+	if err != nil || n != wgInitiationSize {
+		t.Fatalf("no initiation captured: %d bytes, %v", n, err)
+	}
+	initiation = initiation[:n]
+	resp, err := r.respond(initiation)
+	if err != nil || resp == nil {
+		t.Fatalf("respond: %v", err)
+	}
+	var cc device.CookieChecker
+	cc.Init(device.NoisePublicKey(pub))
+	src := []byte{127, 0, 0, 1, 0, 1}
+	if cc.CheckMAC2(resp, src) {
+		t.Fatal("a response with a valid mac2 before any cookie")
+	}
+	reply, err := cc.CreateReply(resp, binary.LittleEndian.Uint32(resp[4:8]), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wire bytes.Buffer
+	if err := binary.Write(&wire, binary.LittleEndian, reply); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := r.respond(wire.Bytes()); out != nil || err != nil {
+		t.Fatalf("cookie reply: %v %v", out, err)
+	}
+	resp, err = r.respond(initiation)
+	if err != nil || !cc.CheckMAC2(resp, src) {
+		t.Fatalf("the response after the cookie has no valid mac2 (%v)", err)
 	}
 }
