@@ -32,6 +32,14 @@ import (
 // ARP for these addresses instead and get no answer, which also drops.
 var FakeEndpointPrefix = netip.MustParsePrefix("203.0.113.240/28")
 
+// fakeEndpoint is fake node i's endpoint: address i mod 15 of
+// FakeEndpointPrefix (its last address, 203.0.113.255, is the WAN's
+// broadcast address: nothing answers there, not even a fake responder),
+// port 51820 + i/15.
+func fakeEndpoint(i int) netip.AddrPort {
+	return netip.AddrPortFrom(addrAdd(FakeEndpointPrefix.Addr(), i%15), uint16(51820+i/15))
+}
+
 // FakeNode is a Node object without a namespace: it carries a published
 // WireGuard key and endpoint as if meshd ran there, so real nodes configure
 // it as a peer. Its endpoint and InternalIP lie in FakeEndpointPrefix.
@@ -49,7 +57,7 @@ type FakeNode struct {
 // [first, first+count) with fresh random keys, pod CIDRs 10.200.<i>.0/24
 // (so i < 256; not 10.100.x, which lies in the testbed's service CIDR
 // 10.96.0.0/12), regions fake-<i mod 4>, and endpoints spread over
-// FakeEndpointPrefix (address i mod 16, port 51820 + i/16).
+// FakeEndpointPrefix (fakeEndpoint).
 func FakeNodes(prefix string, first, count int) ([]FakeNode, error) {
 	if first < 0 || first+count > 256 {
 		return nil, fmt.Errorf("fake nodes %d..%d: want indexes in [0, 256)", first, first+count-1)
@@ -60,14 +68,14 @@ func FakeNodes(prefix string, first, count int) ([]FakeNode, error) {
 		if err != nil {
 			return nil, err
 		}
-		addr := addrAdd(FakeEndpointPrefix.Addr(), i%16)
+		ep := fakeEndpoint(i)
 		out = append(out, FakeNode{
 			Name:       fmt.Sprintf("%s-%d", prefix, i),
 			Region:     fmt.Sprintf("fake-%d", i%4),
 			PrivateKey: priv,
 			PublicKey:  priv.PublicKey(),
-			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
-			InternalIP: addr,
+			Endpoint:   ep,
+			InternalIP: ep.Addr(),
 			PodCIDR:    netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 200, byte(i), 0}), 24),
 		})
 	}
@@ -242,7 +250,7 @@ const MaxWideFakeNodes = 1024
 // FakeNodesWide is FakeNodes for up to MaxWideFakeNodes fake nodes (scale
 // benchmarks): pod CIDRs 10.<200+i/256>.<i%256>.0/24 (10.200.0.0/14, clear
 // of the testbed's pod, mesh and service ranges), endpoints as FakeNodes
-// (address i mod 16 of FakeEndpointPrefix, port 51820 + i/16), and regions
+// (fakeEndpoint), and regions
 // region(i) (FakeNodes' fake-<i mod 4> when region is nil).
 func FakeNodesWide(prefix string, first, count int, region func(i int) string) ([]FakeNode, error) {
 	if first < 0 || first+count > MaxWideFakeNodes {
@@ -257,14 +265,14 @@ func FakeNodesWide(prefix string, first, count int, region func(i int) string) (
 		if err != nil {
 			return nil, err
 		}
-		addr := addrAdd(FakeEndpointPrefix.Addr(), i%16)
+		ep := fakeEndpoint(i)
 		out = append(out, FakeNode{
 			Name:       fmt.Sprintf("%s-%d", prefix, i),
 			Region:     region(i),
 			PrivateKey: priv,
 			PublicKey:  priv.PublicKey(),
-			Endpoint:   netip.AddrPortFrom(addr, uint16(51820+i/16)),
-			InternalIP: addr,
+			Endpoint:   ep,
+			InternalIP: ep.Addr(),
 			PodCIDR:    netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + i/256), byte(i % 256), 0}), 24),
 		})
 	}
