@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	osexec "os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -62,6 +63,9 @@ func (s *scenario) pingResult(r *pingRun) (sent, lost int, outage time.Duration)
 		s.t.Fatal(err)
 	}
 	sent, lost = s.pingStatistics(r.p)
+	if lost != 0 {
+		s.t.Logf("%s: lost icmp_seq %s (seq n is sent n×100 ms after the ping started)", filepath.Base(r.p.LogPath), lostRanges(r.p.LogPath, sent))
+	}
 	var seqs []int
 	for _, mm := range replySeq.FindAllStringSubmatch(string(out), -1) {
 		n, _ := strconv.Atoi(mm[1])

@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"meshd.io/meshd/e2e/testbed"
 )
@@ -131,8 +133,19 @@ func TestPeer(t *testing.T) {
 		})
 	}
 	// And a pod reaches the laptop (the reply path is the same route).
-	s.pingOK(pod(nodes[0]), mustAddr(laptopIP), 3)
-	s.pingOK(pod(nodes[1]), mustAddr(laptopIP), 3)
+	for _, n := range nodes {
+		if err := pod(n).Ping(ctx, mustAddr(laptopIP), 3); err != nil {
+			// Which node has the laptop's peer now (was it still the leader
+			// the laptop peers with)?
+			var has []string
+			for _, m := range nodes {
+				if d, err := m.WG(ctx, "meshd0"); err == nil && d.Peer(laptopKey) != nil {
+					has = append(has, m.Name)
+				}
+			}
+			t.Fatalf("ping %s -> laptop %s: %v (the laptop peers with %s; nodes with the laptop's peer now: %v)", pod(n).NS, laptopIP, err, leader.Name, has)
+		}
+	}
 	if out, err := laptop.Exec(ctx, "wg", "show", "wg0"); err == nil {
 		t.Logf("laptop wg show:\n%s", out)
 	}
@@ -208,60 +221,42 @@ func TestPeer(t *testing.T) {
 	// Its own context: a long window outlasts the scenario's.
 	wctx, wcancel := context.WithTimeout(context.Background(), window+time.Minute)
 	defer wcancel()
-	w, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{})
+	peers := tb.Dynamic.Resource(testbed.PeerGVR)
+	list, err := peers.List(wctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, u := range list.Items {
+		seen[u.GetName()] = u.GetResourceVersion()
+	}
+	// client-go's RetryWatcher resumes from the last revision seen when
+	// the API server ends the watch (a loaded one does) or its watch cache
+	// is behind that revision, as an informer would: no write is missed
+	// or counted twice.
+	w, err := watchtools.NewRetryWatcherWithContext(wctx, list.GetResourceVersion(), &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return peers.Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	writes, deadline := 0, time.After(window)
-	seen := map[string]string{}
-	lastRV := ""
-	// resume watches again from the last event seen, so no write is missed
-	// or counted twice. The API server's watch cache may not have reached
-	// that revision yet: it answers with a Timeout whose cause is
-	// ResourceVersionTooLarge, retried here as client-go retries it.
-	resume := func(why string) {
-		t.Helper()
-		if lastRV == "" {
-			t.Fatalf("the Peer watch %s before its first event", why)
-		}
-		w.Stop()
-		for try := 0; ; try++ {
-			nw, err := tb.Dynamic.Resource(testbed.PeerGVR).Watch(wctx, metav1.ListOptions{ResourceVersion: lastRV})
-			if err == nil {
-				w = nw
-				return
-			}
-			if !tooLargeResourceVersion(err) || try == 50 {
-				t.Fatalf("resuming the Peer watch (%s): %v", why, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
 watch:
 	for {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				// The API server may end a watch at any time (a loaded one
-				// does).
-				resume("ended")
-				continue
+				t.Fatalf("the Peer watch stopped: %v", context.Cause(wctx))
 			}
 			if ev.Type == watch.Error {
-				if err := apierrors.FromObject(ev.Object); tooLargeResourceVersion(err) {
-					t.Logf("the Peer watch's resume was ahead of the API server's watch cache (%v); retrying", err)
-					time.Sleep(100 * time.Millisecond)
-					resume("was ahead of the watch cache")
-					continue
-				}
-				t.Fatalf("the Peer watch failed: %v", ev.Object)
+				t.Fatalf("the Peer watch failed: %v", apierrors.FromObject(ev.Object))
 			}
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok {
-				lastRV = u.GetResourceVersion()
-				// The watch starts with the current objects (ADDED).
-				if rv, had := seen[u.GetName()]; had && rv != u.GetResourceVersion() {
+				if rv, had := seen[u.GetName()]; !had || rv != u.GetResourceVersion() {
 					writes++
-					t.Logf("Peer %s written in the steady window: %v", u.GetName(), u.Object["status"])
+					t.Logf("Peer %s written in the steady window (%s): %v", u.GetName(), ev.Type, u.Object["status"])
 				}
 				seen[u.GetName()] = u.GetResourceVersion()
 			}
@@ -439,10 +434,4 @@ func TestMalformedAnnotations(t *testing.T) {
 	if err := pod(bad).Ping(ctx, pod(n1).IP, 1); err != nil {
 		t.Logf("note: pod on %s cannot reach %s: %v", bad.Name, n1.Name, err)
 	}
-}
-
-// tooLargeResourceVersion: the API server's watch cache has not reached the
-// revision a watch asked to start from yet (retry shortly).
-func tooLargeResourceVersion(err error) bool {
-	return apierrors.IsTimeout(err) && apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge)
 }

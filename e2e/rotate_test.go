@@ -307,11 +307,16 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 	s.pingEventually(pod(n1), pod(n2).IP, 10*time.Second)
 	oldKey := s.pubKey(n1)
 
+	pingStart := time.Now()
 	pings := map[string]*pingRun{
 		"n2-n1": s.startPing("ping-n2-n1", pod(n2), pod(n1), 20),
 		"n1-n2": s.startPing("ping-n1-n2", pod(n1), pod(n2), 20),
 	}
+	// When what happened, in icmp_seq terms (seq n leaves n×100 ms after
+	// the start), for a loss to be placed.
+	seq := func() int { return int(time.Since(pingStart) / (100 * time.Millisecond)) }
 	time.Sleep(2 * time.Second)
+	t.Logf("stopping meshd on n1 at icmp_seq ~%d", seq())
 	if err := n1.StopMeshd(syscall.SIGTERM, 15*time.Second); err != nil {
 		t.Fatalf("stopping meshd on n1: %v", err)
 	}
@@ -330,6 +335,7 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	restart := time.Now()
+	t.Logf("starting meshd on n1 at icmp_seq ~%d", seq())
 	if err := n1.StartMeshd(args...); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +349,7 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("n1 completed the rotation %s after meshd started again", time.Since(restart).Round(time.Millisecond))
+	t.Logf("n1 completed the rotation %s after meshd started again (icmp_seq ~%d)", time.Since(restart).Round(time.Millisecond), seq())
 	for name, p := range pings {
 		sent, lost, outage := s.pingResult(p)
 		t.Logf("path %s: %d of %d pings lost at 10 pps (longest gap %s; %s)", name, lost, sent, outage, strings.TrimSpace(testbed.Tail(p.p.LogPath, 1)))
