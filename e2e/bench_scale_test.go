@@ -414,11 +414,12 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	for _, n := range nodes {
 		x, y := d0[n.Name], d1[n.Name]
 		cpu := (y.cpu - x.cpu).Seconds()
-		rep.add("steady "+n.Name, fmt.Sprintf("reconciles %s (resync alone: %.0f), writes wireguard %s routes+rules %s iptables %s, API requests %s (writes %s), CPU %.2f s = %.2f%% of a core, RSS %.1f MB (anonymous %.1f, file %.1f; Go heap %.1f MB)",
+		rep.add("steady "+n.Name, fmt.Sprintf("reconciles %s (resync alone: %.0f), writes wireguard %s routes+rules %s iptables %s, API requests %s (writes %s), CPU %.2f s = %.2f%% of a core, RSS %.1f MB (anonymous %.1f, file %.1f; Go heap %.1f MB); WireGuard peers with a handshake in the last 3 min: %.0f of %.0f",
 			y.delta(x, "meshd_reconciles_total", ""), elapsed.Seconds()/30,
 			y.delta(x, "meshd_executor_writes_total", "wireguard"), y.delta(x, "meshd_executor_writes_total", "routes"), y.delta(x, "meshd_executor_writes_total", "iptables"),
 			y.delta(x, "meshd_api_requests_total", ""), y.delta(x, "meshd_api_requests_total", "write"),
-			cpu, 100*cpu/elapsed.Seconds(), float64(y.rss.total)/1e6, float64(y.rss.anon)/1e6, float64(y.rss.file)/1e6, y.heap/1e6))
+			cpu, 100*cpu/elapsed.Seconds(), float64(y.rss.total)/1e6, float64(y.rss.anon)/1e6, float64(y.rss.file)/1e6, y.heap/1e6,
+			metricSum(y.metrics, "meshd_wireguard_peers_handshake_recent"), metricSum(y.metrics, "meshd_wireguard_peers")))
 	}
 	var total float64
 	var byRes []string

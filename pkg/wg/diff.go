@@ -115,6 +115,16 @@ func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.A
 		}
 	}
 
+	// A new private key: the kept peers with an endpoint are nudged in the
+	// same write (see nudgeKept), before the new public key is published.
+	if d.cfg.PrivateKey != nil {
+		for _, k := range keys {
+			if c, ok := curPeers[k]; ok && (wants[k].endpoint.IsValid() || c.Endpoint != nil) {
+				d.cfg.Peers = append(d.cfg.Peers, nudgeKept(k, wants[k].keepalive)...)
+			}
+		}
+	}
+
 	var removed []wgtypes.Key
 	for k := range curPeers {
 		if _, ok := wants[k]; !ok {
@@ -159,6 +169,27 @@ func (d *delta) createPeer(w *wantPeer) []wgtypes.PeerConfig {
 	on, off := nudgeKeepalive, time.Duration(0)
 	pc.PersistentKeepaliveInterval = &on
 	return []wgtypes.PeerConfig{pc, {PublicKey: w.key, UpdateOnly: true, PersistentKeepaliveInterval: &off}}
+}
+
+// nudgeKept returns the entries that make a kept peer send a keepalive at
+// once (persistent keepalive turned on from off, then back to desired).
+// With a new private key that keepalive starts a handshake as the new key
+// right away, which the peer cannot answer yet: it learns the key only from
+// the publish that follows. WireGuard then initiates no other handshake for
+// REKEY_TIMEOUT (5 s), so the handshake as the new key is the peer's, made
+// when it has switched; were it left to the next packet, that packet could
+// start one just as the switched peer starts its own, and crossed
+// initiations stall both sides until one is retried (and a retry drops the
+// packets queued meanwhile).
+func nudgeKept(k wgtypes.Key, desired time.Duration) []wgtypes.PeerConfig {
+	first, last := time.Duration(0), desired
+	if desired == 0 {
+		first = nudgeKeepalive
+	}
+	return []wgtypes.PeerConfig{
+		{PublicKey: k, UpdateOnly: true, PersistentKeepaliveInterval: &first},
+		{PublicKey: k, UpdateOnly: true, PersistentKeepaliveInterval: &last},
+	}
 }
 
 // updatePeer returns the entry updating an existing peer, if anything differs.

@@ -314,6 +314,37 @@ func TestHandshakeNudgeOnCreate(t *testing.T) {
 	checkState(t, c, cfg) // keepalive back to 0
 }
 
+// A new private key nudges every kept peer with an endpoint in the same
+// write (its keepalive starts the new key's handshake at once), whatever its
+// keepalive, which ends as desired; peers without an endpoint and removed
+// ones are left alone, and a repeat writes nothing.
+func TestHandshakeNudgeOnKeyChange(t *testing.T) {
+	d, c, _ := newFake(t)
+	cfg := baseConfig(t)
+	mustSet(t, d, cfg)
+	c.Reset()
+	cfg.PrivateKey = privKey(t)
+	removed := key(t, 3)
+	cfg.Peers = []Peer{cfg.Peers[0], cfg.Peers[1], {PublicKey: key(t, 4), AllowedIPs: pfx("10.244.4.0/24")}}
+	mustSet(t, d, cfg)
+	if c.ConfigureCalls != 1 || c.Configs[0].PrivateKey == nil {
+		t.Fatalf("configs %+v", c.Configs)
+	}
+	// Peer 1 (keepalive off) and peer 2 (25 s) are nudged; peer 4 (new, no
+	// endpoint) and peer 3 (removed) are not.
+	if c.Keepalives[key(t, 1)] != 1 || c.Keepalives[key(t, 2)] != 1 || c.Keepalives[key(t, 4)] != 0 || c.Keepalives[removed] != 0 {
+		t.Fatalf("keepalives %v", c.Keepalives)
+	}
+	// The private key comes first in the write, so the nudge is as the new
+	// key.
+	checkState(t, c, cfg)
+	c.Reset()
+	mustSet(t, d, cfg)
+	if c.ConfigureCalls != 0 {
+		t.Fatalf("repeat wrote: %+v", c.Configs)
+	}
+}
+
 func TestInputsNotMutated(t *testing.T) {
 	d, _, _ := newFake(t)
 	cfg := baseConfig(t)

@@ -138,9 +138,79 @@ func TestRootKeyRotationLosesNothing(t *testing.T) {
 	b.dev.Delete()
 }
 
+// TestRootKeyRotationQuickPeerLosesNothing: the same with b learning the
+// new key within a few milliseconds, before a's next packet: without the
+// nudge of the kept peers at the switch (nudgeKept), a's first handshake
+// as the new key could cross b's and stall both sides.
+func TestRootKeyRotationQuickPeerLosesNothing(t *testing.T) {
+	requireRoot(t)
+	for _, learn := range []time.Duration{0, 20 * time.Millisecond, 60 * time.Millisecond} {
+		t.Run(learn.String(), func(t *testing.T) {
+			a, b := twoNodes(t, testLoggerAt(t, 0))
+			keyRotationLosesNothingAfter(t, a, b, learn)
+			a.dev.Delete()
+			b.dev.Delete()
+		})
+	}
+}
+
+// TestRootKeyRotationInitiatesAtTheSwitch: with no traffic at all, the Set
+// that switches a's key sends a handshake initiation as the new key at once
+// (the nudge of the kept peers, nudgeKept): it shows as a's transmit bytes.
+// b, not knowing the key yet, drops it; when b learns the key, b's
+// initiation is the only one (a initiates no other for REKEY_TIMEOUT), so
+// the two cannot cross, and the session as the new key works.
+func TestRootKeyRotationInitiatesAtTheSwitch(t *testing.T) {
+	requireRoot(t)
+	a, b := twoNodes(t, testLoggerAt(t, 0))
+	defer a.dev.Delete()
+	defer b.dev.Delete()
+	mustSet(t, a.dev, a.cfg)
+	mustSet(t, b.dev, b.cfg)
+	waitHandshake(t, a.dev, time.Time{}, 5*time.Second)
+	tx := func() int64 {
+		st, err := a.dev.Stats()
+		if err != nil || len(st) != 1 {
+			t.Fatalf("a's peers: %+v (%v)", st, err)
+		}
+		return st[0].TransmitBytes
+	}
+	// Quiet: the nudge's keepalive and its handshake are sent by now.
+	time.Sleep(500 * time.Millisecond)
+	before := tx()
+	time.Sleep(300 * time.Millisecond)
+	if tx() != before {
+		t.Fatalf("a still sends before the switch")
+	}
+	newKey := privKey(t)
+	a.cfg.PrivateKey = newKey
+	mustSet(t, a.dev, a.cfg)
+	deadline := time.Now().Add(2 * time.Second)
+	for tx() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("the switch sent no handshake initiation within 2 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	switched := time.Now()
+	b.cfg.Peers[0].PublicKey = newKey.PublicKey()
+	mustSet(t, b.dev, b.cfg)
+	waitHandshake(t, b.dev, switched, 3*time.Second)
+	if out, err := execIn(t, a.ns, "ping", "-c", "1", "-W", "2", "10.77.0.2"); err != nil {
+		t.Fatalf("ping through the tunnel after the rotation: %v\n%s", err, out)
+	}
+}
+
 // keyRotationLosesNothing: see TestRootKeyRotationLosesNothing (and
 // TestKernelKeyRotationLosesNothing, the same on kernel WireGuard).
 func keyRotationLosesNothing(t *testing.T, a, b *node) {
+	t.Helper()
+	keyRotationLosesNothingAfter(t, a, b, 300*time.Millisecond)
+}
+
+// keyRotationLosesNothingAfter rotates a's key with b learning it learn
+// later.
+func keyRotationLosesNothingAfter(t *testing.T, a, b *node, learn time.Duration) {
 	t.Helper()
 	mustSet(t, a.dev, a.cfg)
 	mustSet(t, b.dev, b.cfg)
@@ -166,7 +236,7 @@ func keyRotationLosesNothing(t *testing.T, a, b *node) {
 	newKey := privKey(t)
 	a.cfg.PrivateKey = newKey
 	mustSet(t, a.dev, a.cfg)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(learn)
 	b.cfg.Peers[0].PublicKey = newKey.PublicKey()
 	mustSet(t, b.dev, b.cfg)
 
