@@ -68,23 +68,10 @@ func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.A
 		known:   map[wgtypes.Key]netip.AddrPort{},
 	}
 	var errs []error
-
-	// Device-wide settings, only when they differ.
-	ownPub := cur.PublicKey
-	if want.PrivateKey != (wgtypes.Key{}) && want.PrivateKey != cur.PrivateKey {
-		k := want.PrivateKey
-		d.cfg.PrivateKey = &k
-		ownPub = k.PublicKey()
+	ownPub, err := d.deviceFields(cur, want)
+	if err != nil {
+		errs = append(errs, err)
 	}
-	if want.ListenPort != 0 && want.ListenPort != cur.ListenPort {
-		if want.ListenPort < 0 || want.ListenPort > 65535 {
-			errs = append(errs, fmt.Errorf("invalid listen port %d", want.ListenPort))
-		} else {
-			p := want.ListenPort
-			d.cfg.ListenPort = &p
-		}
-	}
-
 	wants, err := normalizePeers(want.Peers, ownPub)
 	if err != nil {
 		errs = append(errs, err)
@@ -115,14 +102,8 @@ func computeDelta(cur *wgtypes.Device, want Config, last map[wgtypes.Key]netip.A
 		}
 	}
 
-	// A new private key: the kept peers with an endpoint are nudged in the
-	// same write (see nudgeKept), before the new public key is published.
 	if d.cfg.PrivateKey != nil {
-		for _, k := range keys {
-			if c, ok := curPeers[k]; ok && (wants[k].endpoint.IsValid() || c.Endpoint != nil) {
-				d.cfg.Peers = append(d.cfg.Peers, nudgeKept(k, wants[k].keepalive)...)
-			}
-		}
+		d.nudgeKeptPeers(keys, wants, curPeers)
 	}
 
 	var removed []wgtypes.Key
@@ -169,6 +150,36 @@ func (d *delta) createPeer(w *wantPeer) []wgtypes.PeerConfig {
 	on, off := nudgeKeepalive, time.Duration(0)
 	pc.PersistentKeepaliveInterval = &on
 	return []wgtypes.PeerConfig{pc, {PublicKey: w.key, UpdateOnly: true, PersistentKeepaliveInterval: &off}}
+}
+
+// deviceFields sets the device-wide settings that differ (private key,
+// listen port) and returns the public key the device will have.
+func (d *delta) deviceFields(cur *wgtypes.Device, want Config) (wgtypes.Key, error) {
+	ownPub := cur.PublicKey
+	if want.PrivateKey != (wgtypes.Key{}) && want.PrivateKey != cur.PrivateKey {
+		k := want.PrivateKey
+		d.cfg.PrivateKey = &k
+		ownPub = k.PublicKey()
+	}
+	if want.ListenPort != 0 && want.ListenPort != cur.ListenPort {
+		if want.ListenPort < 0 || want.ListenPort > 65535 {
+			return ownPub, fmt.Errorf("invalid listen port %d", want.ListenPort)
+		}
+		p := want.ListenPort
+		d.cfg.ListenPort = &p
+	}
+	return ownPub, nil
+}
+
+// nudgeKeptPeers appends, for a new private key, the nudge of every kept
+// peer (keys, sorted) with an endpoint (see nudgeKept): in the same write,
+// before the new public key is published.
+func (d *delta) nudgeKeptPeers(keys []wgtypes.Key, wants map[wgtypes.Key]*wantPeer, cur map[wgtypes.Key]*wgtypes.Peer) {
+	for _, k := range keys {
+		if c, ok := cur[k]; ok && (wants[k].endpoint.IsValid() || c.Endpoint != nil) {
+			d.cfg.Peers = append(d.cfg.Peers, nudgeKept(k, wants[k].keepalive)...)
+		}
+	}
 }
 
 // nudgeKept returns the entries that make a kept peer send a keepalive at
