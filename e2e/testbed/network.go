@@ -423,8 +423,10 @@ func (p *Pod) StartServer(ctx context.Context) error {
 		return err
 	}
 	p.server = pr
-	// Wait until it listens.
-	deadline := time.Now().Add(5 * time.Second)
+	// Wait until it listens: a process start is slow in the kernel VM
+	// (qemu/TCG) while meshd and the API server share its CPU, where 5 s
+	// were once not enough (setup, not what a test measures).
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out, _ := p.Exec(ctx, "ss", "-Htln", "sport = :5000")
 		if len(out) > 0 {
