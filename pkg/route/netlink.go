@@ -287,15 +287,20 @@ func (s *subscription) send(ev Event) {
 	}
 }
 
+// subscribeNS is the namespace option of a netlink subscription: nil for
+// this namespace (subscribed without entering it).
+func (k *netlinkKernel) subscribeNS() *netns.NsHandle {
+	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
+		return &ns
+	}
+	return nil
+}
+
 // subscribeRoutes subscribes to route notifications, closed with s.stop.
 func (k *netlinkKernel) subscribeRoutes(s *subscription) (chan netlink.RouteUpdate, error) {
 	routes := make(chan netlink.RouteUpdate, 256)
-	var nsOpt *netns.NsHandle // nil: this namespace, without entering it
-	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
-		nsOpt = &ns
-	}
 	err := netlink.RouteSubscribeWithOptions(routes, s.stop, netlink.RouteSubscribeOptions{
-		Namespace:              nsOpt,
+		Namespace:              k.subscribeNS(),
 		ReceiveBufferSize:      k.rcvBuf,
 		ReceiveBufferForceSize: k.rcvBufForce,
 		ErrorCallback:          func(err error) { s.send(Event{Err: fmt.Errorf("route notifications: %w", err)}) },
@@ -309,12 +314,8 @@ func (k *netlinkKernel) subscribeRoutes(s *subscription) (chan netlink.RouteUpda
 // subscribeLinks subscribes to link notifications, closed with s.stop.
 func (k *netlinkKernel) subscribeLinks(s *subscription) (chan netlink.LinkUpdate, error) {
 	links := make(chan netlink.LinkUpdate, 64)
-	var nsOpt *netns.NsHandle // nil: this namespace, without entering it
-	if ns := unlessCurrentNS(k.ns); ns.IsOpen() {
-		nsOpt = &ns
-	}
 	err := netlink.LinkSubscribeWithOptions(links, s.stop, netlink.LinkSubscribeOptions{
-		Namespace:              nsOpt,
+		Namespace:              k.subscribeNS(),
 		ReceiveBufferSize:      k.rcvBuf,
 		ReceiveBufferForceSize: k.rcvBufForce,
 		ErrorCallback:          func(err error) { s.send(Event{Err: fmt.Errorf("link notifications: %w", err)}) },
