@@ -58,6 +58,40 @@ type batchBind struct {
 
 func (b *batchBind) BatchSize() int { return min(b.batch, b.Bind.BatchSize()) }
 
+// Send sends bufs and then detaches them (see detach): the device's
+// per-peer sender passes the same slice array on every call.
+func (b *batchBind) Send(bufs [][]byte, ep conn.Endpoint) error {
+	err := b.Bind.Send(bufs, ep)
+	detach(bufs)
+	return err
+}
+
+// detached is what a packet slice points at once its send or write
+// returned (see detach). Nothing writes it; it is never touched, so it
+// takes no memory.
+var detached [maxSegment]byte
+
+// detach points every slice of bufs at detached, keeping their lengths.
+//
+// wireguard-go's sender and receiver goroutines, two per peer, each keep
+// one slice array for their batches and only shorten it to zero length
+// between batches: its elements still point at the last batch's 64 KB
+// message buffers, after those went back to the device's pool. The pool
+// lets go of what it does not use within two collections; these slices
+// pin the buffers for the peer's life, up to a batch's worth per peer
+// (with 1,000 peers each started by a keepalive of its own buffer, 30 MB
+// at idle; with traffic up to 2 × 32 buffers, 4 MB, per peer). After the
+// call returns the device reads only the lengths (the sender adds them to
+// the peer's transmitted bytes), so detaching the slices, on the calling
+// goroutine and after the call, changes nothing else.
+func detach(bufs [][]byte) {
+	for i, b := range bufs {
+		if len(b) <= len(detached) {
+			bufs[i] = detached[:len(b):len(b)]
+		}
+	}
+}
+
 func (b *batchBind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 	fns, p, err := b.Bind.Open(port)
 	if err != nil {

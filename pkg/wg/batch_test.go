@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/tun"
 )
 
 // datagram is a test payload of n bytes that carries its sequence number.
@@ -260,5 +264,96 @@ func TestReceiveStride(t *testing.T) {
 		if s < 9000+32 || s < mtu+32 || s%64 != 0 {
 			t.Errorf("receiveStride(%d) = %d: want a multiple of 64 holding %d and %d bytes", mtu, s, 9000+32, mtu+32)
 		}
+	}
+}
+
+func TestDetachKeepsLengthsNotBuffers(t *testing.T) {
+	bufs := [][]byte{make([]byte, maxSegment), make([]byte, 10), {}, nil, make([]byte, maxSegment+1)}
+	orig := slices.Clone(bufs)
+	lens := []int{maxSegment, 10, 0, 0, maxSegment + 1}
+	detach(bufs)
+	for i, b := range bufs {
+		if len(b) != lens[i] {
+			t.Errorf("slice %d: length %d after detach, want %d", i, len(b), lens[i])
+		}
+	}
+	if &bufs[0][0] == &orig[0][0] || &bufs[1][0] == &orig[1][0] {
+		t.Error("detach left a slice on its buffer")
+	}
+	if &bufs[4][0] != &orig[4][0] {
+		t.Error("a slice longer than detached must keep its buffer (its length is what counts)")
+	}
+}
+
+// recordingBind is a conn.Bind whose Send copies what it is given.
+type recordingBind struct {
+	conn.Bind
+	sent [][]byte
+}
+
+func (r *recordingBind) Send(bufs [][]byte, _ conn.Endpoint) error {
+	for _, b := range bufs {
+		r.sent = append(r.sent, slices.Clone(b))
+	}
+	return nil
+}
+
+// recordingTUN is a tun.Device whose Write copies what it is given.
+type recordingTUN struct {
+	tun.Device
+	written [][]byte
+}
+
+func (r *recordingTUN) Write(bufs [][]byte, offset int) (int, error) {
+	n := 0
+	for _, b := range bufs {
+		r.written = append(r.written, slices.Clone(b[offset:]))
+		n += len(b) - offset
+	}
+	return n, nil
+}
+
+// pinned reports whether a 64 KB buffer stays reachable while only the
+// slice array passed to send is kept, as wireguard-go's per-peer sender
+// and receiver keep theirs between batches.
+func pinned(t *testing.T, send func(bufs [][]byte), wantLen int) bool {
+	t.Helper()
+	buf := new([maxSegment]byte)
+	copy(buf[:], "payload")
+	w := weak.Make(buf)
+	bufs := make([][]byte, 0, inProcessBatchSize)
+	bufs = append(bufs, buf[:wantLen])
+	buf = nil
+	send(bufs)
+	if len(bufs[0]) != wantLen {
+		t.Errorf("length %d after the call, want %d (the device adds it to its byte counters)", len(bufs[0]), wantLen)
+	}
+	bufs = bufs[:0] // what the device does before its next batch
+	runtime.GC()
+	runtime.GC()
+	p := w.Value() != nil
+	runtime.KeepAlive(bufs)
+	return p
+}
+
+func TestSendAndWriteLetGoOfMessageBuffers(t *testing.T) {
+	inner := &recordingBind{}
+	if !pinned(t, func(bufs [][]byte) { _ = inner.Send(bufs, nil) }, 100) {
+		t.Fatal("control: a plain Send should leave the buffer pinned by the caller's slice array (the test would prove nothing)")
+	}
+	b := &batchBind{Bind: inner, batch: inProcessBatchSize}
+	if pinned(t, func(bufs [][]byte) { _ = b.Send(bufs, nil) }, 100) {
+		t.Error("batchBind.Send: the caller's slice array still pins the 64 KB message buffer it sent")
+	}
+	tdev := &recordingTUN{}
+	pt := &pumpedTUN{Device: tdev}
+	if pinned(t, func(bufs [][]byte) { _, _ = pt.Write(bufs, 16) }, 100) {
+		t.Error("pumpedTUN.Write: the caller's slice array still pins the 64 KB message buffer it wrote")
+	}
+	if len(inner.sent) != 2 || string(inner.sent[1][:7]) != "payload" || len(inner.sent[1]) != 100 {
+		t.Errorf("the bind was sent %q..., want the 100-byte payload", inner.sent)
+	}
+	if len(tdev.written) != 1 || len(tdev.written[0]) != 84 {
+		t.Errorf("the TUN device was written %d packets, want one of 84 bytes after the offset", len(tdev.written))
 	}
 }

@@ -35,7 +35,10 @@
 // It also reads and writes at most inProcessBatchSize (32) packets per call
 // instead of wireguard-go's 128, on the UDP socket and on the TUN device
 // (whose gso_max_segs is capped to match): the batch buffers were 24 MB of
-// every device's heap whatever its peers (batch.go has the figures).
+// every device's heap whatever its peers (batch.go has the figures). After
+// each send and TUN write it points the device's packet slices at a static
+// buffer (detach): wireguard-go's two goroutines per peer otherwise keep
+// their last batch's 64 KB buffers reachable, 30 MB with 1,000 idle peers.
 //
 // Out of scope: which peers, addresses and MTU the interface should have
 // (pkg/mesh plans them), routes and policy rules (pkg/route) and iptables

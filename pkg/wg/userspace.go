@@ -89,6 +89,14 @@ func (t *pumpedTUN) BatchSize() int { return t.batch }
 
 func (t *pumpedTUN) Events() <-chan tun.Event { return t.events }
 
+// Write writes bufs to the TUN device and then detaches them (see detach):
+// the device's per-peer receiver passes the same slice array on every call.
+func (t *pumpedTUN) Write(bufs [][]byte, offset int) (int, error) {
+	n, err := t.Device.Write(bufs, offset)
+	detach(bufs)
+	return n, err
+}
+
 func (t *pumpedTUN) MTU() (int, error) { return int(t.mtu.Load()), nil }
 
 func (t *pumpedTUN) pump(dev *device.Device, log *slog.Logger) {
