@@ -75,8 +75,8 @@ import (
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
 // directory: meshd runs with --debug-pprof and the benchmark saves a CPU
 // profile of n2 (or BENCH_PROFILE_NODE) over the steady window and every
-// daemon's heap profile, mappings (smaps) and metrics at its end; profiling adds a little CPU to that
-// node).
+// daemon's heap profile, mappings (smaps) and metrics at its end;
+// profiling adds a little CPU to that node).
 func TestBenchScale(t *testing.T) {
 	if os.Getenv("BENCH_SCALE") == "" {
 		t.Skip("the scale benchmark runs with make bench-scale (BENCH_SCALE=1)")
@@ -420,7 +420,7 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 				t.Errorf("metrics: %v", err)
 			}
 		}
-		rep.add("profiles", "CPU (n2, the steady window) and heap (end of the window) profiles in "+cfg.profile)
+		rep.add("profiles", "CPU (n2, the steady window) and heap profiles, smaps and metrics (end of the window) in "+cfg.profile)
 	}
 	rep.add("steady", fmt.Sprintf("window %.0f s after %.0f s of settling; fake Lease renewals %d (%d failed)", elapsed.Seconds(), cfg.settle.Seconds(), hbR1-hbR0, hbF1-hbF0))
 	for _, n := range nodes {
