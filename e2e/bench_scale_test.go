@@ -408,13 +408,15 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		}
 		for _, n := range nodes {
 			base := filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s", mode, cfg.nodes, n.Name))
-			if err := benchProfile(ctx, n, "heap", base+".heap.pprof", time.Minute); err != nil {
-				t.Errorf("heap profile: %v", err)
-			}
-			// What the RSS is made of: the mappings, and the Go runtime's
-			// own figures (heap, stacks, released pages).
+			// What the RSS is made of: the mappings (before the heap
+			// profile, whose symbolization faults in the executable's
+			// tables), and the Go runtime's own figures (heap, stacks,
+			// released pages).
 			if err := copyFile(fmt.Sprintf("/proc/%d/smaps", n.Meshd().Pid()), base+".smaps"); err != nil {
 				t.Errorf("smaps: %v", err)
+			}
+			if err := benchProfile(ctx, n, "heap", base+".heap.pprof", time.Minute); err != nil {
+				t.Errorf("heap profile: %v", err)
 			}
 			if err := os.WriteFile(base+".metrics", []byte(d1[n.Name].metrics), 0o644); err != nil {
 				t.Errorf("metrics: %v", err)
