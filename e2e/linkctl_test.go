@@ -27,9 +27,9 @@ import (
 func linkCtlName(i int) string { return fmt.Sprintf("link-c%d", i+1) }
 
 // startLinkControllers runs `meshd link` for cluster 1 and cluster 2 on the
-// admin host, as the cluster-links component's Deployment would (its
-// ServiceAccount meshd-link and RBAC are the testbed's: manifests/
-// components/cluster-links/rbac.yaml), unless they already run.
+// admin host, as the Deployment meshd-link of manifests/ would (its
+// ServiceAccount and RBAC are the testbed's: manifests/link-rbac.yaml),
+// unless they already run.
 func (s *scenario) startLinkControllers(b *mcBed) {
 	s.t.Helper()
 	for i := range b.linkCtl {

@@ -27,11 +27,12 @@ import (
 )
 
 // installBaseManifests applies exactly what `kubectl apply -k manifests`
-// installs (the DaemonSet too: nothing runs it, the testbed has no
-// controllers) and takes away what the testbed adds on top of it (the
-// RoleBinding an older cluster-links component gave nodes, if present). Cleanup deletes the admission
-// policy, its binding and the DaemonSet and restores the testbed's RBAC, so
-// later scenarios (which use a token bound to no Pod) are unaffected.
+// installs (the DaemonSet and the link controller's Deployment too: nothing
+// runs them, the testbed has no controllers) and takes away what the testbed
+// adds on top of it (the RoleBinding an older cluster-links component gave
+// nodes, if present). Cleanup deletes the admission policy, its binding and
+// the workloads and restores the testbed's RBAC, so later scenarios (which
+// use a token bound to no Pod) are unaffected.
 func (s *scenario) installBaseManifests() {
 	t := s.t
 	t.Helper()
@@ -40,7 +41,10 @@ func (s *scenario) installBaseManifests() {
 	for _, want := range []string{"kind: ValidatingAdmissionPolicy\n", "kind: ValidatingAdmissionPolicyBinding\n", "kind: DaemonSet\n",
 		// Pod hardening: the runtime's seccomp profile, metrics and probes
 		// on the node's own address only, no Secret enumeration.
-		"seccompProfile:\n          type: RuntimeDefault\n", "- --listen=[$(HOST_IP)]:9477\n", "fieldPath: status.hostIP\n", "- --cluster-links=false\n"} {
+		"seccompProfile:\n          type: RuntimeDefault\n", "- --listen=[$(HOST_IP)]:9477\n", "fieldPath: status.hostIP\n",
+		// The link controller is the one holder of link credentials, under
+		// a ServiceAccount of its own.
+		"kind: Deployment\n", "serviceAccountName: meshd-link\n"} {
 		if !strings.Contains(string(rendered), want) {
 			t.Fatalf("kubectl kustomize manifests/ renders no %q", strings.TrimSpace(want))
 		}
@@ -54,6 +58,7 @@ func (s *scenario) installBaseManifests() {
 			{"delete", "--ignore-not-found", "validatingadmissionpolicybinding.admissionregistration.k8s.io/meshd-node-self"},
 			{"delete", "--ignore-not-found", "validatingadmissionpolicy.admissionregistration.k8s.io/meshd-node-self"},
 			{"delete", "--ignore-not-found", "-n", testbed.LeaseNamespace, "daemonset/meshd"},
+			{"delete", "--ignore-not-found", "-n", testbed.LeaseNamespace, "deployment/meshd-link"},
 			{"apply", "-f", filepath.Join(manifests, testbed.ClusterLinksRBAC)},
 		} {
 			if out, err := tb.Kubectl(ctx, args...); err != nil {
@@ -229,10 +234,10 @@ func TestNodeCredentials(t *testing.T) {
 	}
 	probe := map[string]map[string]any{"annotations": {"meshd.io/force-endpoint": "198.51.100.250:51820"}}
 
-	// The mesh works with these credentials (the DaemonSet's flags that
-	// matter here: --cluster-links=false).
+	// The mesh works with these credentials (cluster links on, as in the
+	// DaemonSet: the nodes read ClusterLinks, never a link Secret).
 	for _, n := range []*testbed.Node{n1, n2} {
-		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--cluster-links=false", "--listen", "0.0.0.0:9477"); err != nil {
+		if err := n.StartMeshd("--kubeconfig", kc[n.Name], "--listen", "0.0.0.0:9477"); err != nil {
 			t.Fatal(err)
 		}
 	}

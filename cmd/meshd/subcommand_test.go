@@ -39,7 +39,7 @@ var clusterSubcommands = []struct {
 	{
 		name:     "link",
 		flags:    func() (*pflag.FlagSet, func() error) { var c linkConfig; return newLinkFlagSet(&c), c.validate },
-		manifest: "manifests/components/cluster-links/link.yaml", validateManifest: true,
+		manifest: "manifests/link.yaml", validateManifest: true,
 	},
 }
 

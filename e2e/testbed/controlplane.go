@@ -145,17 +145,15 @@ func (tb *Testbed) startControlPlane(ctx context.Context) error {
 	return tb.installRBAC(ctx, ca)
 }
 
-// ClusterLinksRBAC is the cluster-links component's ServiceAccount and RBAC
-// of the link controller (`meshd link`), relative to manifests/. It gives
-// the meshd nodes nothing.
-const ClusterLinksRBAC = "components/cluster-links/rbac.yaml"
+// ClusterLinksRBAC is the ServiceAccount and RBAC of the link controller
+// (`meshd link`), relative to manifests/. It gives the meshd nodes nothing.
+const ClusterLinksRBAC = "link-rbac.yaml"
 
 // installRBAC applies the shipped namespace and RBAC manifests and writes
 // MeshdKubeconfig with a token of the meshd ServiceAccount.
 func (tb *Testbed) installRBAC(ctx context.Context, ca []byte) error {
-	// meshd runs with --cluster-links (its default) here: the testbed is
-	// manifests/ plus components/cluster-links (the link controller runs
-	// where a test starts it).
+	// meshd runs with --cluster-links (its default, as in manifests/) here;
+	// the link controller runs where a test starts it.
 	for _, f := range []string{"namespace.yaml", "rbac.yaml", ClusterLinksRBAC} {
 		data, err := os.ReadFile(filepath.Join(tb.RepoRoot, "manifests", f))
 		if os.IsNotExist(err) && f == ClusterLinksRBAC {
