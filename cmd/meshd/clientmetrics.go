@@ -13,8 +13,10 @@ import (
 // clientGoMetrics are client-go's own metrics, registered on meshd's
 // registry under the names Kubernetes components use (so existing
 // dashboards and alerts for controllers apply): the work queues
-// (workqueue_*{name}) and the REST client (rest_client_*).
+// (workqueue_*{name}) and the REST client (rest_client_*), plus the
+// request results as meshd_api_requests_total.
 type clientGoMetrics struct {
+	results                      *prometheus.CounterVec
 	depth                        *prometheus.GaugeVec
 	addsTotal, retriesTotal      *prometheus.CounterVec
 	latency, workDuration        *prometheus.HistogramVec
@@ -26,6 +28,9 @@ type clientGoMetrics struct {
 func newClientGoMetrics(reg prometheus.Registerer) *clientGoMetrics {
 	q := []string{"name"}
 	c := &clientGoMetrics{
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshd_api_requests_total", Help: "Requests to the API server by HTTP method and status code (a watch counts once, when opened).",
+		}, []string{"method", "code"}),
 		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "workqueue_depth", Help: "Current depth of the work queue."}, q),
 		addsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "workqueue_adds_total", Help: "Adds handled by the work queue."}, q),
@@ -50,7 +55,7 @@ func newClientGoMetrics(reg prometheus.Registerer) *clientGoMetrics {
 		requestRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rest_client_request_retries_total", Help: "API requests retried by client-go, by status code, method and host."}, []string{"code", "method", "host"}),
 	}
-	reg.MustRegister(c.depth, c.addsTotal, c.latency, c.workDuration, c.unfinished, c.longestRunning, c.retriesTotal,
+	reg.MustRegister(c.results, c.depth, c.addsTotal, c.latency, c.workDuration, c.unfinished, c.longestRunning, c.retriesTotal,
 		c.requestLatency, c.rateLimiting, c.requestRetries)
 	return c
 }
@@ -86,23 +91,25 @@ func (l restLatency) Observe(_ context.Context, verb string, u url.URL, d time.D
 	l.h.WithLabelValues(verb, u.Host).Observe(d.Seconds())
 }
 
+// Increment implements client-go's ResultMetric: meshd_api_requests_total.
+func (c *clientGoMetrics) Increment(_ context.Context, code, method, _ string) {
+	c.results.WithLabelValues(method, code).Inc()
+}
+
 // IncrementRetry implements client-go's RetryMetric.
 func (c *clientGoMetrics) IncrementRetry(_ context.Context, code, method, host string) {
 	c.requestRetries.WithLabelValues(code, method, host).Inc()
 }
 
-// register makes client-go report to these metrics (and results to m's
-// meshd_api_requests_total). client-go takes one registration per process
-// (the first wins): call it once, before the first client and queue.
-func (c *clientGoMetrics) register(m *metrics) {
-	opts := clientmetrics.RegisterOpts{
+// register makes client-go report to these metrics. client-go takes one
+// registration per process (the first wins): call it once, before the
+// first request and queue.
+func (c *clientGoMetrics) register() {
+	clientmetrics.Register(clientmetrics.RegisterOpts{
 		RequestLatency:     restLatency{c.requestLatency},
 		RateLimiterLatency: restLatency{c.rateLimiting},
+		RequestResult:      c,
 		RequestRetry:       c,
-	}
-	if m != nil {
-		opts.RequestResult = m
-	}
-	clientmetrics.Register(opts)
+	})
 	workqueue.SetProvider(c)
 }

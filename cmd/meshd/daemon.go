@@ -159,7 +159,7 @@ func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) erro
 	c, log := d.cfg, d.log
 	m := newMetrics(d.reg, d.device)
 	m.setPeerSeriesLimit(c.PeerMetricsLimit)
-	clientGo := registerClientMetrics(d.reg, m)
+	clientGo := registerClientMetrics(d.reg)
 	// Writes from the reconcile (node annotations, Events) get a request
 	// timeout, so a hung API server cannot stall the single worker; the
 	// informers' long-running watches keep the untimed client.

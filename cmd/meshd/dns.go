@@ -14,7 +14,6 @@ import (
 	"github.com/miekg/dns"
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
@@ -116,8 +115,7 @@ func serveDNS(ctx context.Context, c *dnsConfig, log *slog.Logger) error {
 		return fmt.Errorf("building the dynamic client: %w", err)
 	}
 	inf := mcsdns.NewInformers(dyn, clients.Kube)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, _ := controllerRegistry()
 	h := &mcsdns.Handler{Zone: c.Zone, TTL: uint32(c.TTL / time.Second), Lookup: inf.Store(), Ready: inf.HasSynced, Serial: inf.Serial}
 	srv, err := mcsdns.Listen(c.Listen, h, mcsdns.NewMetrics(reg), log)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
 	"meshd.io/meshd/pkg/clusterlink"
@@ -115,8 +114,7 @@ func serveLinks(ctx context.Context, lc *linkConfig, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("building the local cluster's clients: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), linkWrites)
+	reg, _ := controllerRegistry(linkWrites)
 	once := func(ctx context.Context) error {
 		log.Info("keeping ClusterLinks from the link Secrets", "namespace", lc.Namespace)
 		return clusterlink.NewController(local.Kube, local.Meshd, clusterlink.ControllerOptions{

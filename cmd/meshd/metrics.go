@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"net/http"
 	"runtime"
 	"strings"
@@ -33,9 +32,7 @@ type metrics struct {
 	staleLinks prometheus.Gauge
 	// filtered counts Node updates dropped before the queue (nothing the
 	// planner reads changed).
-	filtered prometheus.Counter
-	// apiRequests counts this process's requests to the API server.
-	apiRequests *prometheus.CounterVec
+	filtered    prometheus.Counter
 	refused     *prometheus.GaugeVec
 	tokenExpiry *prometheus.GaugeVec
 	// keyRotations counts completed rotations of this node's key (rotate.go).
@@ -82,9 +79,6 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 		filtered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "meshd_node_updates_filtered_total", Help: "Node updates that changed nothing the planner reads, dropped before the reconcile queue.",
 		}),
-		apiRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "meshd_api_requests_total", Help: "Requests to the API server by HTTP method and status code (a watch counts once, when opened).",
-		}, []string{"method", "code"}),
 		refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "meshd_cluster_link_refused_ranges",
 			Help: "Ranges of a linked cluster that are refused, not routed, by reason (overlap: overlaps a local range; protected: covers a node's underlay address, a WireGuard endpoint or the API server; not-agreed: outside the ranges agreed at link time).",
@@ -101,7 +95,7 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 		m.wgPeers.WithLabelValues(k)
 	}
 	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.wgPeers, m.leader, m.buildInfo, m.panics, m.staleLinks, m.filtered, m.apiRequests, m.refused, m.tokenExpiry,
+	reg.MustRegister(m.reconciles, m.errors, m.repairs, m.duration, m.nodes, m.peers, m.wgPeers, m.leader, m.buildInfo, m.panics, m.staleLinks, m.filtered, m.refused, m.tokenExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.keyRotations = newKeyRotationsCounter(reg)
 	if dev != nil {
@@ -110,20 +104,24 @@ func newMetrics(reg prometheus.Registerer, dev statsReader) *metrics {
 	return m
 }
 
-// Increment implements client-go's request result metric
-// (k8s.io/client-go/tools/metrics), feeding meshd_api_requests_total.
-func (m *metrics) Increment(_ context.Context, code, method, _ string) {
-	m.apiRequests.WithLabelValues(method, code).Inc()
+// registerClientMetrics makes client-go report this process's API requests
+// (meshd_api_requests_total), their latencies and its work queues on reg
+// (clientmetrics.go). client-go accepts one registration per process (the
+// first wins): the daemon and each controller subcommand call it once, at
+// start.
+func registerClientMetrics(reg prometheus.Registerer) *clientGoMetrics {
+	c := newClientGoMetrics(reg)
+	c.register()
+	return c
 }
 
-// registerClientMetrics makes client-go count this process's API requests
-// in m and report its request latencies and work queues on reg
-// (clientmetrics.go). client-go accepts one registration per process (the
-// first wins).
-func registerClientMetrics(reg prometheus.Registerer, m *metrics) *clientGoMetrics {
-	c := newClientGoMetrics(reg)
-	c.register(m)
-	return c
+// controllerRegistry is the /metrics registry of a controller subcommand
+// (mirror, link, dns): the Go and process collectors, client-go's request
+// and work queue metrics (registered for the process) and cs.
+func controllerRegistry(cs ...prometheus.Collector) (*prometheus.Registry, *clientGoMetrics) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(append([]prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}, cs...)...)
+	return reg, registerClientMetrics(reg)
 }
 
 // executorWrites exposes the executors' own write counters as

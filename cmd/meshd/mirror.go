@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
@@ -169,8 +167,7 @@ func serveMirror(ctx context.Context, mc *mirrorConfig, log *slog.Logger) error 
 		}
 		remote = &r
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, _ := controllerRegistry()
 	metrics := mirror.NewMetrics(reg)
 	recorder, stopEvents := connect.NewEventRecorder(local.Kube, "meshd-mirror")
 	defer stopEvents()

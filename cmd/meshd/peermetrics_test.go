@@ -96,11 +96,12 @@ func TestClientGoMetrics(t *testing.T) {
 	clientGoOnce.Do(func() {
 		clientGoOnce.reg = prometheus.NewRegistry()
 		clientGoOnce.c = newClientGoMetrics(clientGoOnce.reg)
-		clientGoOnce.c.register(nil)
+		clientGoOnce.c.register()
 	})
 	reg, c := clientGoOnce.reg, clientGoOnce.c
 	adds0 := testutil.ToFloat64(c.addsTotal.WithLabelValues("test"))
 	retries0 := testutil.ToFloat64(c.retriesTotal.WithLabelValues("test"))
+	gets0 := testutil.ToFloat64(c.results.WithLabelValues("GET", "200"))
 	q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "test", MetricsProvider: c})
 	q.Add("a")
@@ -131,6 +132,9 @@ func TestClientGoMetrics(t *testing.T) {
 	if _, err := kc.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if got := testutil.ToFloat64(c.results.WithLabelValues("GET", "200")) - gets0; got != 1 {
+		t.Errorf("meshd_api_requests_total{method=GET,code=200} grew by %v, want 1", got)
+	}
 	host := strings.TrimPrefix(srv.URL, "http://")
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -151,5 +155,31 @@ func TestClientGoMetrics(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("rest_client_request_duration_seconds has no sample for host %s", host)
+	}
+}
+
+// TestControllerRegistry: the /metrics of `meshd mirror`, `meshd link` and
+// `meshd dns` carry client-go's request and work queue metrics (their
+// queues are "mirror" and "mcs"), the Go and process metrics and the
+// subcommand's own collectors.
+func TestControllerRegistry(t *testing.T) {
+	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_test_own_total", Help: "A subcommand's own metric."})
+	reg, c := controllerRegistry(own)
+	own.Inc()
+	c.Increment(context.Background(), "200", "GET", "")
+	c.NewDepthMetric("mirror").Inc()
+	c.NewAddsMetric("mcs").Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, want := range []string{"meshd_test_own_total", "meshd_api_requests_total", "workqueue_depth", "workqueue_adds_total", "go_goroutines", "process_resident_memory_bytes"} {
+		if !got[want] {
+			t.Errorf("the controllers' registry has no %s", want)
+		}
 	}
 }
