@@ -174,13 +174,16 @@ func newLinkCommand(e *env) *cobra.Command {
 a ServiceAccount with a read-only ClusterRole (Nodes; Services, EndpointSlices
 and ServiceExports for meshd mirror), and in the other a
 Secret (meshd-link-<name>, labelled meshd.io/cluster-link=true, in
---lease-namespace) with a kubeconfig for it. meshd (--cluster-links, on by
-default) then keeps the remote cluster's location leaders as WireGuard peers by
-itself: nodes added, removed, re-keyed or a leader change there reach this
-cluster within seconds, with no loop to re-run.
+--lease-namespace) with a kubeconfig for it. The link controller (meshd link,
+the Deployment meshd-link that manifests/ and the chart install) reads that
+Secret and writes a ClusterLink named after the linked cluster; meshd on every
+node (--cluster-links, on by default) then keeps the remote cluster's location
+leaders as WireGuard peers by itself: nodes added, removed, re-keyed or a
+leader change there reach this cluster within seconds, with no loop to re-run.
+"kubectl get clusterlinks" and "meshctl status" show each link.
 
 The clusters' pod, service and mesh CIDRs must not overlap; meshd drops and
-reports (Event on the link Secret, log line) any remote range that overlaps a
+reports (Event on the ClusterLink, log line) any remote range that overlaps a
 local one.
 
 Trust is explicit: the link Secret records the ranges the linked cluster may
@@ -190,7 +193,7 @@ or what --from-allowed-cidr/--to-allowed-cidr give (give whole pod and node
 networks so that nodes added later are covered; else run link again). meshd
 refuses any other remote range, and any remote range covering a node's
 underlay address, a WireGuard endpoint or the API server, with an Event on the
-link Secret and the metric meshd_cluster_link_refused_ranges.
+ClusterLink and the metric meshd_cluster_link_refused_ranges.
 
 A cluster whose kubeconfig has no CA data is refused unless
 --insecure-skip-tls-verify is given.`,
@@ -337,7 +340,15 @@ func newUnlinkCommand(e *env) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "unlink --from-kubeconfig K1 --to-kubeconfig K2",
 		Short: "Undo link: remove the link Secrets and revoke the reader tokens in both clusters",
-		Args:  cobra.NoArgs,
+		Long: `unlink removes, in both clusters, the link Secret and the reader
+ServiceAccount and token that link created for the other cluster. The link
+controller then deletes the ClusterLink, and meshd on every node removes the
+other cluster's peers and routes.
+
+Only the clusters (--from-/--to-kubeconfig or -context) and their names
+(--from-/--to-name, default: the contexts) matter here; link's range and
+settings flags are accepted and ignored.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs, ts, err := e.settingsOf(&from, &to)
 			if err != nil {
@@ -360,5 +371,14 @@ func newUnlinkCommand(e *env) *cobra.Command {
 	}
 	from.flags(c, "from-", "first")
 	to.flags(c, "to-", "second")
+	// Accepted (scripts share link's flags) but not shown: unlink reads
+	// only the clusters and their names.
+	for _, p := range []string{"from-", "to-"} {
+		for _, f := range []string{"allowed-cidr", "mesh-cidr", "mesh-granularity", "port", "server", "service-cidr", "topology-label"} {
+			if fl := c.Flags().Lookup(p + f); fl != nil {
+				fl.Hidden = true
+			}
+		}
+	}
 	return c
 }

@@ -320,11 +320,14 @@ func newStatusCommand(e *env) *cobra.Command {
 		Long: `Shows the mesh as meshd computes it: every node (location, leader, endpoint,
 mesh IPs, whether it published a WireGuard key, whether its heartbeat Lease
 is fresh), every location with its leader, the outside Peers, and every
-WireGuard link with the age of its latest handshake in seconds as the
-leaders published it ("-" when unknown). Clusters linked with "meshctl link"
-are read through their link Secrets (in --lease-namespace) the way meshd
-reads them: their location leaders appear as this cluster's links. Problems
-found in the objects are listed last.
+WireGuard link with whether its leader saw a handshake lately ("<13m", as the
+leaders publish it; "-" when unknown: exact handshake times stay on the
+node, see "meshctl diagnose NODE"). Clusters linked with "meshctl link" are
+read through their link Secrets (in --lease-namespace, with your
+credentials): their location leaders appear as this cluster's links. The
+link controller's ClusterLinks, which the nodes peer with, are listed too
+(CLUSTER LINKS: synced, reachable, leaders). Problems found in the objects
+are listed last.
 
 Output formats (-o): table (default), json, yaml; the same data.
 
