@@ -111,6 +111,11 @@ kube-binaries:
 generate:
 	./hack/update-codegen.sh
 
+## verify-generated: regenerate (make generate) and fail if that changed or added
+## anything under pkg/k8s or manifests/crds (commit what generate wrote).
+verify-generated: generate
+	@out=$$(git status --porcelain -- pkg/k8s manifests/crds); if [ -n "$$out" ]; then echo "generated code is stale (make generate changed):"; echo "$$out"; exit 1; fi
+
 demo: deps kube-binaries
 	./hack/demo.sh up
 
