@@ -89,7 +89,16 @@ func newRootCommand(e *env) *cobra.Command {
 		Long: `meshctl reads a cluster's Nodes, Peers and meshd heartbeat Leases and computes,
 with the same planner the meshd DaemonSet runs, what the nodes configure:
 WireGuard configurations of nodes and outside peers, the topology, a status
-overview. It only reads the cluster.
+overview. It only reads the cluster, except link, unlink and rotate-key.
+
+Two clusters are joined in one of two ways (docs/multi-cluster.md):
+  manual     for each node of cluster 1, "meshctl showconf node NODE
+             --as-peer -o yaml" piped into "kubectl apply" on cluster 2 (a
+             non-leader prints nothing), and the other way round; re-run the
+             loop when nodes or leaders change.
+  automatic  "meshctl link --from-kubeconfig K1 --to-kubeconfig K2" once: the
+             link controller (meshd link) of each cluster keeps the other's
+             leaders as peers by itself; "meshctl unlink" undoes it.
 
 The global --mesh-granularity, --mesh-cidr, --port, --topology-label,
 --lease-namespace and --lease-duration flags describe the cluster's meshd.
