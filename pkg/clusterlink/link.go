@@ -85,6 +85,16 @@ func (s LinkSettings) annotations() map[string]string {
 	return a
 }
 
+// optionalPrefixes parses a comma-separated list of CIDRs that may be empty
+// (nil, no error).
+func optionalPrefixes(v string) ([]netip.Prefix, error) {
+	ss := convert.SplitList(v)
+	if len(ss) == 0 {
+		return nil, nil
+	}
+	return convert.ParsePrefixes(ss)
+}
+
 func joinPrefixes(ps []netip.Prefix) string {
 	ss := make([]string, len(ps))
 	for i, p := range ps {
@@ -114,10 +124,12 @@ func LinkFromSecret(s *corev1.Secret) (LinkSettings, []byte, error) {
 		ls.TopologyLabel = convert.DefaultTopologyLabel
 	}
 	var err error
-	if ls.ServiceCIDRs, err = convert.ParsePrefixes(convert.SplitList(a[AnnotationRemoteServiceCIDRs])); err != nil {
+	// Both may be empty: a cluster whose meshd has no --service-cidr links
+	// without service routes, and the mesh CIDR defaults like meshd's.
+	if ls.ServiceCIDRs, err = optionalPrefixes(a[AnnotationRemoteServiceCIDRs]); err != nil {
 		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteServiceCIDRs, err))
 	}
-	if ls.MeshCIDRs, err = convert.ParsePrefixes(convert.SplitList(a[AnnotationRemoteMeshCIDRs])); err != nil {
+	if ls.MeshCIDRs, err = optionalPrefixes(a[AnnotationRemoteMeshCIDRs]); err != nil {
 		errs = append(errs, fmt.Errorf("annotation %s: %w", AnnotationRemoteMeshCIDRs, err))
 	}
 	if len(ls.MeshCIDRs) == 0 {

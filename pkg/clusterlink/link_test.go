@@ -124,6 +124,15 @@ func TestLinkFromSecret(t *testing.T) {
 	if ls, _, err := LinkFromSecret(s); err != nil || ls.Allowed == nil || len(ls.Allowed) != 0 {
 		t.Fatalf("empty allowed ranges: %#v %v", ls.Allowed, err)
 	}
+	// A cluster linked without service CIDRs (its meshd has no
+	// --service-cidr) and, in an older Secret, without mesh CIDRs: no
+	// service routes, meshd's default mesh CIDR.
+	s.Annotations = LinkSettings{Name: "west", Port: 51820}.annotations()
+	delete(s.Annotations, AnnotationRemoteMeshCIDRs)
+	if ls, _, err := LinkFromSecret(s); err != nil || len(ls.ServiceCIDRs) != 0 ||
+		!slices.Equal(ls.MeshCIDRs, []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}) {
+		t.Fatalf("link without service and mesh CIDRs: %+v %v", ls, err)
+	}
 	s.Annotations[AnnotationRemoteServiceCIDRs] = "nonsense"
 	delete(s.Data, LinkKubeconfigKey)
 	_, _, err = LinkFromSecret(s)
