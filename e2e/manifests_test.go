@@ -61,9 +61,22 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// And one without cluster links (components/no-cluster-links).
+	noLinks := t.TempDir()
+	rel, _ = filepath.Rel(noLinks, manifests)
+	kust = fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s/components/no-cluster-links\n", rel, rel)
+	if err := os.WriteFile(filepath.Join(noLinks, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withoutLinks := render(t, kubectl, "kustomize", noLinks)
+	if bytes.Contains(withoutLinks, []byte("meshd-link")) || !bytes.Contains(withoutLinks, []byte("- --cluster-links=false\n")) {
+		t.Errorf("components/no-cluster-links leaves link controller objects or cluster links on:\n%s", withoutLinks)
+	}
+
 	docs := map[string][]byte{
-		"kubectl kustomize manifests/":   render(t, kubectl, "kustomize", manifests),
-		"manifests/ with the components": render(t, kubectl, "kustomize", overlay),
+		"kubectl kustomize manifests/":     render(t, kubectl, "kustomize", manifests),
+		"manifests/ with the components":   render(t, kubectl, "kustomize", overlay),
+		"manifests/ without cluster links": withoutLinks,
 	}
 	if helm, err := osexec.Command(filepath.Join(tb.RepoRoot, "hack", "helm.sh"), "--bin").Output(); err == nil {
 		h := strings.TrimSpace(string(helm))

@@ -46,6 +46,13 @@ func (s *side) flags(c *cobra.Command, prefix, which string) {
 	f.StringSliceVar(&s.allowed, prefix+"allowed-cidr", nil, "ranges the "+which+" cluster may claim besides its mesh and service CIDRs (e.g. its whole pod CIDR and node network; default: its nodes' pod CIDRs, addresses and allowed-location-ips as seen now)")
 }
 
+// identityOnly drops what link alone uses (ranges and mesh settings), so
+// that unlink accepts those flags without reading them.
+func (s *side) identityOnly() {
+	*s = side{kubeconfig: s.kubeconfig, context: s.context, name: s.name,
+		granularity: string(mesh.GranularityLocation), topology: convert.DefaultTopologyLabel, port: mesh.DefaultPort}
+}
+
 // settings validates the side's flags. A side given by its context alone
 // uses the global --kubeconfig (kubeconfig; empty: $KUBECONFIG, then
 // ~/.kube/config).
@@ -350,6 +357,8 @@ Only the clusters (--from-/--to-kubeconfig or -context) and their names
 settings flags are accepted and ignored.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			from.identityOnly()
+			to.identityOnly()
 			fs, ts, err := e.settingsOf(&from, &to)
 			if err != nil {
 				return err

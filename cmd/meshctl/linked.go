@@ -120,8 +120,8 @@ type clusterLinkState struct {
 }
 
 // clusterLinks lists the ClusterLinks the link controller keeps. Without
-// the CRD (the controller is an optional component) there are none;
-// not being allowed to list them is a note.
+// the CRD (an install from before the controller, or one without cluster
+// links) there are none; not being allowed to list them is a note.
 func (e *env) clusterLinks(ctx context.Context) ([]clusterLinkState, []string) {
 	c, err := e.newClients(e.s.kubeconfig, e.s.context)
 	if err != nil || c.Meshd == nil {

@@ -615,3 +615,20 @@ func TestLinkTrust(t *testing.T) {
 		t.Errorf("refreshed expiry %v", exp)
 	}
 }
+
+// TestUnlinkIgnoresLinkFlags: unlink reads only the clusters and their
+// names; link's range and settings flags, even bad ones, are accepted and
+// ignored (a script may share one flag set), while the names are still
+// checked.
+func TestUnlinkIgnoresLinkFlags(t *testing.T) {
+	kube, md := fixtureClients()
+	r := runMeshctl(t, kube, md, "unlink", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "west",
+		"--from-mesh-granularity", "bogus", "--to-mesh-cidr", "not-a-cidr", "--from-allowed-cidr", "nope", "--to-port", "0")
+	if r.code != 0 || !strings.Contains(r.stdout, "clusters east and west unlinked") {
+		t.Fatalf("unlink with link's flags: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runMeshctl(t, kube, md, "unlink", "--from-kubeconfig", "k1", "--from-name", "east", "--to-kubeconfig", "k2", "--to-name", "east")
+	if r.code != 2 || !strings.Contains(r.stderr, `both clusters are named "east"`) {
+		t.Fatalf("same names: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

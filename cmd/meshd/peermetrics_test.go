@@ -90,15 +90,21 @@ var clientGoOnce struct {
 	c   *clientGoMetrics
 }
 
-// TestClientGoMetrics: a work queue and a REST client report to the
-// registry under client-go's usual names.
-func TestClientGoMetrics(t *testing.T) {
+// clientGoRegistered makes the test process's one client-go registration
+// (every test that may register calls it first, whatever their order).
+func clientGoRegistered() (*prometheus.Registry, *clientGoMetrics) {
 	clientGoOnce.Do(func() {
 		clientGoOnce.reg = prometheus.NewRegistry()
 		clientGoOnce.c = newClientGoMetrics(clientGoOnce.reg)
 		clientGoOnce.c.register()
 	})
-	reg, c := clientGoOnce.reg, clientGoOnce.c
+	return clientGoOnce.reg, clientGoOnce.c
+}
+
+// TestClientGoMetrics: a work queue and a REST client report to the
+// registry under client-go's usual names.
+func TestClientGoMetrics(t *testing.T) {
+	reg, c := clientGoRegistered()
 	adds0 := testutil.ToFloat64(c.addsTotal.WithLabelValues("test"))
 	retries0 := testutil.ToFloat64(c.retriesTotal.WithLabelValues("test"))
 	gets0 := testutil.ToFloat64(c.results.WithLabelValues("GET", "200"))
@@ -163,6 +169,7 @@ func TestClientGoMetrics(t *testing.T) {
 // queues are "mirror" and "mcs"), the Go and process metrics and the
 // subcommand's own collectors.
 func TestControllerRegistry(t *testing.T) {
+	clientGoRegistered() // controllerRegistry's own registration is then a no-op
 	own := prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_test_own_total", Help: "A subcommand's own metric."})
 	reg, c := controllerRegistry(own)
 	own.Inc()
