@@ -368,7 +368,7 @@ func TestNodeCredentials(t *testing.T) {
 	// proxy) show that the Peer has a preshared key, never the key; the
 	// settings meshd published passed the admission policy.
 	diag, _, code := s.meshctlAdmin("diagnose", n1.Name)
-	if code != 0 || !strings.Contains(diag, "preshared key (not shown)") || !strings.Contains(diag, `"clusterLinks":false`) {
+	if code != 0 || !strings.Contains(diag, "preshared key (not shown)") || !strings.Contains(diag, `"clusterLinks":true`) {
 		t.Errorf("meshctl diagnose %s: exit %d\n%s", n1.Name, code, diag)
 	}
 	diagJSON, _, _ := s.meshctlAdmin("diagnose", n2.Name, "-o", "json")
