@@ -262,6 +262,18 @@ func TestFailoverLeaderKill(t *testing.T) {
 		}
 		if lost > 1 {
 			t.Errorf("run %d: %d pings lost while a1 came back and took over, want at most 1", run, lost)
+			// Which side was late: b1 must have moved location a's allowed
+			// IPs from a2 to a1 when a1 and a2 swapped their routes.
+			if d, err := b1.WG(ctx, "meshd0"); err == nil {
+				for name, k := range map[string]string{"a1": keyA1, "a2": keyA2} {
+					if p := d.Peer(k); p != nil {
+						t.Logf("run %d: b1's peer %s: allowed IPs %v, latest handshake %v", run, name, p.AllowedIPs, p.LatestHandshake)
+					} else {
+						t.Logf("run %d: b1 has no peer %s", run, name)
+					}
+				}
+			}
+			t.Logf("run %d: leads now: a1 %v, a2 %v, b1 %v", run, s.leads(a1), s.leads(a2), s.leads(b1))
 		}
 	}
 	t.Logf("leader failover over %d runs: outages %v; median %s, max %s", runs, outages, median(outages), slices.Max(outages))
