@@ -60,6 +60,9 @@ type pendingHandshake struct {
 	after   time.Duration // retry delay: shorter for the lower public key
 	crossed time.Duration // crossing check delay (shorter for the lower key); 0 once looked at
 	checked bool          // looked at after the delay: no retry needed
+	// heard is when the crossing check first found the peer heard from
+	// (zero: not yet); it re-creates the peer only a crossing delay later.
+	heard time.Time
 }
 
 // Handshake retry: when two nodes add each other at the same moment, both
@@ -81,10 +84,18 @@ type pendingHandshake struct {
 // (handshakeCrossedAfter on the lower key's side, handshakeCrossedAfterHigh
 // on the higher's, for when the lower side awaits nothing, e.g. it just
 // changed its key) and re-creates the peer only if it heard from it: a key
-// rotation or two nodes starting together then stall for a tenth of a
-// second, not a second. A link whose round trip exceeds the delay costs at
+// rotation or two nodes starting together then stall for a fifth of a
+// second (see below), not a second. A link whose round trip exceeds the delay costs at
 // most one extra initiation: the re-created side's fresh initiation is
 // answered by the side that completed already.
+//
+// Heard from is not yet crossed: an initiation this side just answered
+// completes its session one round trip later, when the initiator's first
+// data arrives, and re-creating the peer meanwhile drops that session while
+// the initiator starts using it (a 15 s stall until WireGuard's own retry,
+// seen at cold start). So the crossing check re-creates the peer only if it
+// still has no handshake a crossing delay after the check first heard from
+// it.
 const (
 	handshakeRetryAfter       = time.Second
 	handshakeRetryAfterHigh   = 2500 * time.Millisecond
@@ -434,8 +445,17 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 		case p.crossed > 0 && !p.checked && p.retries < handshakeMaxRetries &&
 			!now.Add(handshakeCrossedCoalesce).Before(p.since.Add(p.crossed)) &&
 			now.Add(handshakeCoalesce).Before(p.since.Add(p.after)):
-			// Crossing check: heard from the peer but no handshake.
+			// Crossing check: heard from the peer but no handshake, for a
+			// crossing delay since first heard.
 			if c.ReceiveBytes > 0 {
+				if p.heard.IsZero() {
+					p.heard = now
+					d.pending[k] = p
+					continue
+				}
+				if now.Add(handshakeCrossedCoalesce).Before(p.heard.Add(p.crossed)) {
+					continue
+				}
 				if out == nil {
 					out = map[wgtypes.Key]bool{}
 				}
@@ -552,11 +572,14 @@ func (d *Device) handshakeCheckDue() (time.Duration, bool) {
 		if p.checked || p.retries >= handshakeMaxRetries {
 			continue
 		}
-		at := p.after
+		at := p.since.Add(p.after)
 		if p.crossed > 0 {
-			at = p.crossed
+			at = p.since.Add(p.crossed)
+			if !p.heard.IsZero() {
+				at = p.heard.Add(p.crossed)
+			}
 		}
-		wait := max(p.since.Add(at).Sub(now), 0)
+		wait := max(at.Sub(now), 0)
 		if !found || wait < due {
 			due, found = wait, true
 		}

@@ -136,10 +136,13 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 }
 
 // TestHandshakeCrossingCheck: a tenth of a second after a peer was created,
-// the lower key's side re-creates it if it heard from the peer but has no
-// handshake (both initiated at once, each discarded the answer to its own);
-// a silent peer is left to the regular check; the higher key's side looks
-// later, so the two re-creations do not cross again.
+// the lower key's side looks whether it heard from the peer but has no
+// handshake (both initiated at once, each discarded the answer to its own),
+// and re-creates it if that is still so a tenth of a second later (an
+// initiation it just answered completes one round trip later, and
+// re-creating the peer meanwhile would drop that session); a silent peer is
+// left to the regular check; the higher key's side looks later, so the two
+// re-creations do not cross again.
 func TestHandshakeCrossingCheck(t *testing.T) {
 	low, high := keyPair(t)
 	clock := time.Unix(1000, 0)
@@ -151,8 +154,15 @@ func TestHandshakeCrossingCheck(t *testing.T) {
 		t.Fatalf("crossing check before it was due (%v)", err)
 	}
 	clock = clock.Add(handshakeCrossedAfter / 2)
+	if err := d.retryHandshakes(); err != nil || d.Writes() != w {
+		t.Fatalf("re-created a peer as soon as it was heard from: an answered initiation completes a round trip later (%v)", err)
+	}
+	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeCrossedAfter {
+		t.Fatalf("the crossing check must look again %s after it first heard from the peer, got %s %v", handshakeCrossedAfter, due, ok)
+	}
+	clock = clock.Add(handshakeCrossedAfter)
 	if err := d.retryHandshakes(); err != nil || d.Writes() != w+1 {
-		t.Fatalf("a crossed first handshake was not re-initiated after %s (%v)", handshakeCrossedAfter, err)
+		t.Fatalf("a crossed first handshake was not re-initiated %s after it was heard from (%v)", handshakeCrossedAfter, err)
 	}
 	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeCrossedAfter {
 		t.Fatalf("after a re-creation the next crossing check is due in %s, got %s %v", handshakeCrossedAfter, due, ok)
@@ -180,7 +190,33 @@ func TestHandshakeCrossingCheck(t *testing.T) {
 		t.Fatal("the higher key's side re-created the peer as early as the lower's")
 	}
 	clock = clock.Add(handshakeCrossedAfterHigh - handshakeCrossedAfter)
+	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w {
+		t.Fatal("the higher key's side re-created the peer as soon as it was heard from")
+	}
+	clock = clock.Add(handshakeCrossedAfterHigh)
 	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w+1 {
-		t.Fatal("the higher key's side did not re-create a crossed peer after its crossing delay")
+		t.Fatal("the higher key's side did not re-create a crossed peer a crossing delay after it heard from it")
+	}
+
+	// An initiation this side answered just before the check: the session
+	// completes when the initiator's first data arrives, within the delay,
+	// and the peer is never re-created (it was, and the initiator then used
+	// a session this side had dropped: 15 s without traffic).
+	clock = time.Unix(1000, 0)
+	d4, fc4, _ := handshakeDevice(t, low, high, &clock)
+	clock = clock.Add(handshakeCrossedAfter)
+	fc4.SetReceived("hs0", high.PublicKey(), 148) // its initiation, answered
+	w = d4.Writes()
+	if err := d4.retryHandshakes(); err != nil || d4.Writes() != w {
+		t.Fatalf("re-created a peer whose initiation it had just answered (%v)", err)
+	}
+	clock = clock.Add(handshakeCrossedAfter / 2)
+	fc4.SetHandshake("hs0", high.PublicKey(), clock) // the initiator's first data
+	clock = clock.Add(handshakeCrossedAfter)
+	if err := d4.retryHandshakes(); err != nil || d4.Writes() != w {
+		t.Fatalf("re-created a peer that completed its handshake (%v)", err)
+	}
+	if _, ok := d4.handshakeCheckDue(); ok {
+		t.Fatal("no check may be due after a handshake")
 	}
 }
