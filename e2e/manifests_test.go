@@ -36,6 +36,26 @@ func render(t *testing.T, name string, args ...string) []byte {
 	return out
 }
 
+// overlayOf writes, in a temporary directory it returns, a kustomization of
+// manifests with those of the named components that exist.
+func overlayOf(t *testing.T, manifests string, components ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var lines []string
+	for _, c := range components {
+		if _, err := os.Stat(filepath.Join(manifests, "components", c)); err == nil {
+			rel, _ := filepath.Rel(dir, filepath.Join(manifests, "components", c))
+			lines = append(lines, "- "+rel)
+		}
+	}
+	rel, _ := filepath.Rel(dir, manifests)
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n%s\n", rel, strings.Join(lines, "\n"))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // TestManifestsAcceptedByAPIServer: every object meshd ships — the default
 // kustomization, each optional component and the Helm chart with its options
 // on — is accepted by the real API server (server-side dry run: admission,
@@ -46,28 +66,10 @@ func TestManifestsAcceptedByAPIServer(t *testing.T) {
 	manifests := filepath.Join(tb.RepoRoot, "manifests")
 
 	// An overlay with every component whose API exists on a bare cluster
-	// (components/prometheus needs the prometheus-operator CRDs).
-	overlay := t.TempDir()
-	var components []string
-	for _, c := range []string{"userspace-sidecar", "mirror", "cluster-links", "mcs-crds"} {
-		if _, err := os.Stat(filepath.Join(manifests, "components", c)); err == nil {
-			rel, _ := filepath.Rel(overlay, filepath.Join(manifests, "components", c))
-			components = append(components, "- "+rel)
-		}
-	}
-	rel, _ := filepath.Rel(overlay, manifests)
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n%s\n", rel, strings.Join(components, "\n"))
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
-	// And one without cluster links (components/no-cluster-links).
-	noLinks := t.TempDir()
-	rel, _ = filepath.Rel(noLinks, manifests)
-	kust = fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s/components/no-cluster-links\n", rel, rel)
-	if err := os.WriteFile(filepath.Join(noLinks, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// (components/prometheus needs the prometheus-operator CRDs), and one
+	// without cluster links.
+	overlay := overlayOf(t, manifests, "userspace-sidecar", "mirror", "cluster-links", "mcs-crds")
+	noLinks := overlayOf(t, manifests, "no-cluster-links")
 	withoutLinks := render(t, kubectl, "kustomize", noLinks)
 	if bytes.Contains(withoutLinks, []byte("meshd-link")) || !bytes.Contains(withoutLinks, []byte("- --cluster-links=false\n")) {
 		t.Errorf("components/no-cluster-links leaves link controller objects or cluster links on:\n%s", withoutLinks)

@@ -85,9 +85,9 @@ type pendingHandshake struct {
 // on the higher's, for when the lower side awaits nothing, e.g. it just
 // changed its key) and re-creates the peer only if it heard from it: a key
 // rotation or two nodes starting together then stall for a fifth of a
-// second (see below), not a second. A link whose round trip exceeds the delay costs at
-// most one extra initiation: the re-created side's fresh initiation is
-// answered by the side that completed already.
+// second (see below), not a second. A link whose round trip exceeds the
+// delay costs at most one extra initiation: the re-created side's fresh
+// initiation is answered by the side that completed already.
 //
 // Heard from is not yet crossed: an initiation this side just answered
 // completes its session one round trip later, when the initiator's first
