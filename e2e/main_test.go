@@ -95,6 +95,10 @@ type scenario struct {
 	ctx context.Context
 	// adminExt is the outside host meshctlAdmin runs meshctl on (check_test.go).
 	adminExt *testbed.External
+	// noNodeDiagnostics: the test reset its nodes before asserting and its
+	// failure message carries what matters, so the nodes' state is not
+	// dumped after it (in a CI log's tail, it would hide the message).
+	noNodeDiagnostics bool
 }
 
 func newScenario(t *testing.T, needMeshd bool) *scenario {
@@ -105,7 +109,7 @@ func newScenario(t *testing.T, needMeshd bool) *scenario {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	s := &scenario{t: t, ctx: ctx}
 	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("E2E_DIAG") != "" {
+		if (t.Failed() && !s.noNodeDiagnostics) || os.Getenv("E2E_DIAG") != "" {
 			for _, n := range tb.Nodes() {
 				t.Logf("\n%s", n.Diagnostics(context.Background(), 60))
 			}

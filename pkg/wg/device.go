@@ -63,6 +63,12 @@ type pendingHandshake struct {
 	// heard is when the crossing check first found the peer heard from
 	// (zero: not yet); it re-creates the peer only a crossing delay later.
 	heard time.Time
+	// The session check, once the first handshake is seen (see
+	// sessionSilentAfter): when it was first seen (zero: not yet), the
+	// byte counters then, the last look, and when this side was first
+	// found to have sent more than a keepalive since without hearing back.
+	session, looked, sent time.Time
+	rx0, tx0              int64
 }
 
 // Handshake retry: when two nodes add each other at the same moment, both
@@ -96,6 +102,32 @@ type pendingHandshake struct {
 // seen at cold start). So the crossing check re-creates the peer only if it
 // still has no handshake a crossing delay after the check first heard from
 // it.
+//
+// A first handshake can also complete on both sides and still carry no
+// traffic one way: wireguard-go's handshake workers run in parallel, and
+// when a crossed initiation and the answer to this side's own initiation
+// are processed at once, the answer's session can be installed under a
+// receiver index the initiation's processing has just released. The peer
+// accepts what this side sends, but nothing it sends back is delivered:
+// both sides report a handshake, and WireGuard starts a new one only when
+// it has not heard back for 15 s (seen at cold start: 2 of 120 runs on a
+// loaded 2-core machine). So after a first handshake the check keeps
+// looking, every sessionCheckEvery for sessionWatchFor: once the peer is
+// heard from again (received bytes grow) it is done; if this side sent more
+// than keepalives and still hears nothing sessionSilentAfter later, it
+// re-creates the peer (within handshakeMaxRetries), a fresh handshake the
+// peer answers. A flow that is one-way at that moment costs one handshake
+// more.
+const (
+	sessionCheckEvery  = 250 * time.Millisecond
+	sessionSilentAfter = 500 * time.Millisecond
+	sessionWatchFor    = 5 * time.Second
+	// keepaliveBytes is the size of a WireGuard keepalive (a transport
+	// header and an authentication tag), which is no sign of data sent
+	// (see keepaliveAllowance).
+	keepaliveBytes = 32
+)
+
 const (
 	handshakeRetryAfter       = time.Second
 	handshakeRetryAfterHigh   = 2500 * time.Millisecond
@@ -440,8 +472,15 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 	for k, p := range d.pending {
 		c, ok := peers[k]
 		switch {
-		case !ok, !c.LastHandshakeTime.IsZero(), now.Sub(p.since) > handshakePendingFor:
+		case !ok, now.Sub(p.since) > handshakePendingFor:
 			delete(d.pending, k)
+		case !c.LastHandshakeTime.IsZero():
+			if d.sessionSilent(k, p, c, now) {
+				if out == nil {
+					out = map[wgtypes.Key]bool{}
+				}
+				out[k] = true
+			}
 		case p.crossed > 0 && !p.checked && p.retries < handshakeMaxRetries &&
 			!now.Add(handshakeCrossedCoalesce).Before(p.since.Add(p.crossed)) &&
 			now.Add(handshakeCoalesce).Before(p.since.Add(p.after)):
@@ -480,6 +519,47 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 		}
 	}
 	return out
+}
+
+// sessionSilent is the session check of a pending peer c whose first
+// handshake is done (see sessionSilentAfter): it reports whether to re-create
+// the peer now, and updates or forgets its pending entry p.
+func (d *Device) sessionSilent(k wgtypes.Key, p pendingHandshake, c *wgtypes.Peer, now time.Time) bool {
+	switch {
+	case p.retries >= handshakeMaxRetries:
+		delete(d.pending, k)
+		return false
+	case p.session.IsZero():
+		p.session, p.looked, p.rx0, p.tx0 = now, now, c.ReceiveBytes, c.TransmitBytes
+	case c.ReceiveBytes > p.rx0, p.sent.IsZero() && now.Sub(p.session) >= sessionWatchFor:
+		// Heard from since the handshake, or nothing sent to look at.
+		delete(d.pending, k)
+		return false
+	case p.sent.IsZero():
+		p.looked = now
+		if c.TransmitBytes-p.tx0 > keepaliveAllowance(c.PersistentKeepaliveInterval, now.Sub(p.session)) {
+			p.sent = now
+		}
+	case now.Add(handshakeCrossedCoalesce).Before(p.sent.Add(sessionSilentAfter)):
+		p.looked = now
+	default:
+		d.log.Info("re-initiating a WireGuard session that carries nothing back: sent to the peer since its first handshake, heard nothing",
+			"peer", k.String(), "since_handshake", now.Sub(p.session).Round(time.Millisecond), "sent_bytes", c.TransmitBytes-p.tx0)
+		return true
+	}
+	d.pending[k] = p
+	return false
+}
+
+// keepaliveAllowance is how many bytes a session check may see sent over
+// elapsed without taking them for data: one keepalive, plus one per
+// persistent keepalive interval begun.
+func keepaliveAllowance(interval, elapsed time.Duration) int64 {
+	n := int64(1)
+	if interval > 0 {
+		n += int64((elapsed + interval - 1) / interval)
+	}
+	return n * keepaliveBytes
 }
 
 // awaitHandshakes records the peers whose first handshake was just started.
@@ -569,11 +649,18 @@ func (d *Device) handshakeCheckDue() (time.Duration, bool) {
 	found := false
 	now := d.clock()
 	for _, p := range d.pending {
-		if p.checked || p.retries >= handshakeMaxRetries {
+		if p.retries >= handshakeMaxRetries {
 			continue
 		}
 		at := p.since.Add(p.after)
-		if p.crossed > 0 {
+		switch {
+		case !p.session.IsZero() && !p.sent.IsZero():
+			at = p.sent.Add(sessionSilentAfter)
+		case !p.session.IsZero():
+			at = p.looked.Add(sessionCheckEvery)
+		case p.checked:
+			continue
+		case p.crossed > 0:
 			at = p.since.Add(p.crossed)
 			if !p.heard.IsZero() {
 				at = p.heard.Add(p.crossed)

@@ -182,6 +182,17 @@ func (f *FakeClient) SetReceived(name string, peer wgtypes.Key, n int64) {
 	}
 }
 
+// SetTransmitted simulates bytes sent to a peer.
+func (f *FakeClient) SetTransmitted(name string, peer wgtypes.Key, n int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.devices[name].Peers {
+		if f.devices[name].Peers[i].PublicKey == peer {
+			f.devices[name].Peers[i].TransmitBytes = n
+		}
+	}
+}
+
 // Reset zeroes the counters and recorded configs.
 func (f *FakeClient) Reset() {
 	f.mu.Lock()

@@ -121,17 +121,167 @@ func TestHandshakeRetryStaggered(t *testing.T) {
 		t.Fatal("a checked silent peer must not schedule more checks")
 	}
 
-	// A completed handshake ends the retries.
+	// A completed handshake ends the retries; once the peer is heard from
+	// after it, the checks end too (TestHandshakeSessionCheck).
 	clock = time.Unix(1000, 0)
 	d3, fc3, _ := handshakeDevice(t, low, high, &clock)
 	fc3.SetHandshake("hs0", high.PublicKey(), clock)
+	fc3.SetReceived("hs0", high.PublicKey(), 92)
 	clock = clock.Add(2 * handshakeRetryAfter)
 	w = d3.Writes()
 	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w {
 		t.Fatal("re-created a peer that completed its handshake")
 	}
+	fc3.SetReceived("hs0", high.PublicKey(), 92+128)
+	clock = clock.Add(sessionCheckEvery)
+	if err := d3.retryHandshakes(); err != nil || d3.Writes() != w {
+		t.Fatal("re-created a peer that completed its handshake and was heard from")
+	}
 	if _, ok := d3.handshakeCheckDue(); ok {
-		t.Fatal("no check may be due after a handshake")
+		t.Fatal("no check may be due after a handshake and traffic back")
+	}
+}
+
+// TestHandshakeSessionCheck: after a first handshake, a peer this side sent
+// data to (more than a keepalive) but heard nothing from since is re-created
+// sessionSilentAfter later (wireguard-go can install a crossed handshake's
+// session under a released receiver index: both sides see a handshake, one
+// direction carries nothing, for 15 s); a peer heard from, or sent nothing
+// but a keepalive, is left alone, and the checks end.
+func TestHandshakeSessionCheck(t *testing.T) {
+	low, high := keyPair(t)
+	peer := high.PublicKey()
+	start := time.Unix(1000, 0)
+	// handshaken returns a device whose peer completed its first handshake,
+	// and the check's first look at it (the session starts), with the
+	// handshake's bytes counted both ways.
+	handshaken := func(clock *time.Time) (*Device, *FakeClient) {
+		*clock = start
+		d, fc, _ := handshakeDevice(t, low, high, clock)
+		*clock = clock.Add(10 * time.Millisecond)
+		fc.SetHandshake("hs0", peer, *clock)
+		fc.SetReceived("hs0", peer, 92)
+		fc.SetTransmitted("hs0", peer, 148+keepaliveBytes)
+		*clock = start.Add(handshakeCrossedAfter)
+		if err := d.retryHandshakes(); err != nil {
+			t.Fatal(err)
+		}
+		if due, ok := d.handshakeCheckDue(); !ok || due != sessionCheckEvery {
+			t.Fatalf("after a first handshake, want the session check due in %s, got %s %v", sessionCheckEvery, due, ok)
+		}
+		return d, fc
+	}
+	step := func(d *Device, clock *time.Time, by time.Duration) uint64 {
+		t.Helper()
+		*clock = clock.Add(by)
+		w := d.Writes()
+		if err := d.retryHandshakes(); err != nil {
+			t.Fatal(err)
+		}
+		return d.Writes() - w
+	}
+
+	// Sent data, heard nothing back: re-created sessionSilentAfter after the
+	// check first saw the data, not before.
+	var clock time.Time
+	d, fc := handshaken(&clock)
+	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+	if n := step(d, &clock, sessionCheckEvery); n != 0 {
+		t.Fatal("re-created the peer as soon as data was sent")
+	}
+	if due, ok := d.handshakeCheckDue(); !ok || due != sessionSilentAfter {
+		t.Fatalf("want the next look %s after the data was seen, got %s %v", sessionSilentAfter, due, ok)
+	}
+	if n := step(d, &clock, sessionSilentAfter/2); n != 0 {
+		t.Fatal("re-created the peer before sessionSilentAfter")
+	}
+	if n := step(d, &clock, sessionSilentAfter/2); n != 1 {
+		t.Fatal("a session that carries nothing back was not re-created")
+	}
+	last := fc.Configs[len(fc.Configs)-1]
+	if len(last.Peers) < 2 || !last.Peers[0].Remove || last.Peers[1].Endpoint == nil {
+		t.Fatalf("want remove + re-add with endpoint, got %+v", last.Peers)
+	}
+	if due, ok := d.handshakeCheckDue(); !ok || due != handshakeCrossedAfter {
+		t.Fatalf("the re-created peer's first handshake is awaited again: want a check in %s, got %s %v", handshakeCrossedAfter, due, ok)
+	}
+
+	// Sent data and heard back: done, nothing re-created, no more checks.
+	d, fc = handshaken(&clock)
+	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+	fc.SetReceived("hs0", peer, 92+128)
+	if n := step(d, &clock, sessionCheckEvery); n != 0 {
+		t.Fatal("re-created a peer that answered")
+	}
+	if _, ok := d.handshakeCheckDue(); ok {
+		t.Fatal("a check is due for a peer that answered after its handshake")
+	}
+
+	// Data seen, then heard back before the delay: left alone.
+	d, fc = handshaken(&clock)
+	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+	step(d, &clock, sessionCheckEvery)
+	fc.SetReceived("hs0", peer, 92+128)
+	if n := step(d, &clock, sessionSilentAfter); n != 0 {
+		t.Fatal("re-created a peer that answered within sessionSilentAfter")
+	}
+	if _, ok := d.handshakeCheckDue(); ok {
+		t.Fatal("a check is due for a peer that answered")
+	}
+
+	// Only a keepalive sent: no sign of a one-way session; the checks end
+	// after sessionWatchFor.
+	d, fc = handshaken(&clock)
+	fc.SetTransmitted("hs0", peer, 148+2*keepaliveBytes)
+	for by := time.Duration(0); by < sessionWatchFor; by += sessionCheckEvery {
+		if n := step(d, &clock, sessionCheckEvery); n != 0 {
+			t.Fatal("re-created a peer that was sent only a keepalive")
+		}
+	}
+	if _, ok := d.handshakeCheckDue(); ok {
+		t.Fatalf("checks still due %s after the handshake of a quiet peer", sessionWatchFor)
+	}
+
+	// A persistent keepalive: its keepalives are no data either.
+	d, fc = handshaken(&clock)
+	ka := time.Second
+	if err := fc.ConfigureDevice("hs0", wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: peer, UpdateOnly: true, PersistentKeepaliveInterval: &ka}}}); err != nil {
+		t.Fatal(err)
+	}
+	sent := int64(148 + keepaliveBytes)
+	for by := time.Duration(0); by < sessionWatchFor; by += sessionCheckEvery {
+		if by%time.Second == 0 {
+			sent += keepaliveBytes
+			fc.SetTransmitted("hs0", peer, sent)
+		}
+		if n := step(d, &clock, sessionCheckEvery); n != 0 {
+			t.Fatalf("re-created a peer sent only its persistent keepalives (%d bytes)", sent)
+		}
+	}
+
+	// Retries exhausted: left to WireGuard.
+	d, fc = handshaken(&clock)
+	for i := 0; i < handshakeMaxRetries; i++ {
+		fc.SetHandshake("hs0", peer, clock)
+		fc.SetReceived("hs0", peer, 92)
+		fc.SetTransmitted("hs0", peer, 148+keepaliveBytes)
+		step(d, &clock, handshakeCrossedAfter) // the session starts
+		fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+		step(d, &clock, sessionCheckEvery) // data seen
+		if n := step(d, &clock, sessionSilentAfter); n != 1 {
+			t.Fatalf("retry %d: not re-created", i+1)
+		}
+	}
+	fc.SetHandshake("hs0", peer, clock)
+	fc.SetReceived("hs0", peer, 92)
+	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+	for range 4 {
+		if n := step(d, &clock, sessionSilentAfter); n != 0 {
+			t.Fatalf("re-created the peer more than %d times", handshakeMaxRetries)
+		}
+	}
+	if _, ok := d.handshakeCheckDue(); ok {
+		t.Fatal("a check is due after the last retry")
 	}
 }
 
@@ -216,7 +366,7 @@ func TestHandshakeCrossingCheck(t *testing.T) {
 	if err := d4.retryHandshakes(); err != nil || d4.Writes() != w {
 		t.Fatalf("re-created a peer that completed its handshake (%v)", err)
 	}
-	if _, ok := d4.handshakeCheckDue(); ok {
-		t.Fatal("no check may be due after a handshake")
+	if due, ok := d4.handshakeCheckDue(); !ok || due != sessionCheckEvery {
+		t.Fatalf("after a handshake only the session check may be due (in %s), got %s %v", sessionCheckEvery, due, ok)
 	}
 }
