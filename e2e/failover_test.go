@@ -33,6 +33,7 @@ var replySeq = regexp.MustCompile(`icmp_seq=(\d+) `)
 type pingRun struct {
 	p     *testbed.Proc
 	count int
+	start time.Time // when the ping was started
 }
 
 func (s *scenario) startPing(name string, from *testbed.Pod, to *testbed.Pod, seconds int) *pingRun {
@@ -42,8 +43,13 @@ func (s *scenario) startPing(name string, from *testbed.Pod, to *testbed.Pod, se
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return &pingRun{p: p, count: count}
+	return &pingRun{p: p, count: count, start: time.Now()}
 }
+
+// failoverLogKeep are the meshd log lines that tell a failover's story
+// (logTimeline): WireGuard writes and handshakes, the routes to leaders'
+// underlay addresses, probe verdicts, restored state.
+var failoverLogKeep = []string{"configuring WireGuard", "obj=\"198.51.100.", "probe target", "re-initiating", "handshake", "persisted state", "caches synced"}
 
 // stop ends the ping early (SIGINT: it prints its statistics).
 func (r *pingRun) stop() { _ = r.p.Signal(syscall.SIGINT) }
@@ -221,7 +227,8 @@ func TestFailoverLeaderKill(t *testing.T) {
 			sent, lost, _ := s.pingResult(pr)
 			t.Logf("meshd on b1 restarted while the dead leader a1 stays dead: %d of %d pings lost", lost, sent)
 			if lost > 1 {
-				t.Errorf("%d pings lost across b1's restart, want 0 (at most 1): the dead leader was picked again?", lost)
+				t.Errorf("%d pings lost across b1's restart, want 0 (at most 1): the dead leader was picked again? What b1, a2 and a3 did, in ms since the ping started (seq n is sent at n×100 ms):\n%s",
+					lost, logTimeline(s, []*testbed.Node{b1, a2, a3}, pr.start, failoverLogKeep...))
 			}
 			d, err := b1.WG(ctx, "meshd0")
 			if err != nil {
@@ -274,6 +281,8 @@ func TestFailoverLeaderKill(t *testing.T) {
 				}
 			}
 			t.Logf("run %d: leads now: a1 %v, a2 %v, b1 %v", run, s.leads(a1), s.leads(a2), s.leads(b1))
+			t.Logf("run %d: what a1, a2 and b1 did, in ms since the ping started (seq n is sent at n×100 ms):\n%s",
+				run, logTimeline(s, []*testbed.Node{a1, a2, b1}, pr.start, failoverLogKeep...))
 		}
 	}
 	t.Logf("leader failover over %d runs: outages %v; median %s, max %s", runs, outages, median(outages), slices.Max(outages))

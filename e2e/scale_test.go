@@ -232,9 +232,17 @@ func (s *scenario) coldStart(nodes []*testbed.Node, run int) (time.Duration, str
 // handshakeTimeline returns, from the meshd logs of running nodes, the
 // lines that tell a WireGuard first handshake's story (wireguard-go's
 // handshake and keepalive lines, pkg/wg's re-creations, warnings and
-// errors) as milliseconds since t0, with wireguard-go's peer(abcd…wxyz)
-// replaced by the node name: short enough for the tail of a CI log.
+// errors): see logTimeline.
 func handshakeTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time) string {
+	return logTimeline(s, nodes, t0, "handshake", "keepalive packet", "invalid", "Retrying", "re-initiating", "configuring WireGuard", "caches synced")
+}
+
+// logTimeline returns the lines of the nodes' meshd logs (and of their
+// separate WireGuard devices' logs) from t0 on that contain one of keep, or
+// are warnings or errors, as milliseconds since t0, merged in time order,
+// with wireguard-go's peer(abcd…wxyz) replaced by the node name: short
+// enough for the tail of a CI log.
+func logTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time, keep ...string) string {
 	names := map[string]string{}
 	for _, n := range nodes {
 		out, err := n.Exec(s.ctx, "wg", "show", "meshd0", "public-key")
@@ -242,7 +250,7 @@ func handshakeTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time) string 
 			names["peer("+k[:4]+"…"+k[39:43]+")"] = n.Name
 		}
 	}
-	keep := []string{"handshake", "keepalive packet", "invalid", "Retrying", "re-initiating", "configuring WireGuard", "caches synced", "level=WARN", "level=ERROR"}
+	keep = append(keep, "level=WARN", "level=ERROR")
 	var status, lines []string
 	for _, n := range nodes {
 		if p := n.Meshd(); p != nil && p.Exited() {
@@ -253,13 +261,18 @@ func handshakeTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time) string 
 			status = append(status, fmt.Sprintf("%s: %v", n.Name, err))
 			continue
 		}
+		if dev := n.Device(); dev != nil {
+			if db, err := os.ReadFile(dev.LogPath); err == nil {
+				b = append(b, db...)
+			}
+		}
 		for _, l := range strings.Split(string(b), "\n") {
 			if !strings.HasPrefix(l, "time=") || strings.Contains(l, "Routine:") || !slices.ContainsFunc(keep, func(k string) bool { return strings.Contains(l, k) }) {
 				continue
 			}
 			ts, rest, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
 			at, err := time.Parse(time.RFC3339Nano, ts)
-			if err != nil {
+			if err != nil || at.Before(t0) {
 				continue
 			}
 			rest = strings.NewReplacer(" interface=meshd0", "", " component=wireguard-go", "").Replace(rest)
