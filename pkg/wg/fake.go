@@ -162,33 +162,26 @@ func (f *FakeClient) SetEndpoint(name string, peer wgtypes.Key, ep *net.UDPAddr)
 
 // SetHandshake simulates a completed handshake with a peer.
 func (f *FakeClient) SetHandshake(name string, peer wgtypes.Key, t time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for i := range f.devices[name].Peers {
-		if f.devices[name].Peers[i].PublicKey == peer {
-			f.devices[name].Peers[i].LastHandshakeTime = t
-		}
-	}
+	f.updatePeer(name, peer, func(p *wgtypes.Peer) { p.LastHandshakeTime = t })
 }
 
 // SetReceived simulates bytes received from a peer.
 func (f *FakeClient) SetReceived(name string, peer wgtypes.Key, n int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for i := range f.devices[name].Peers {
-		if f.devices[name].Peers[i].PublicKey == peer {
-			f.devices[name].Peers[i].ReceiveBytes = n
-		}
-	}
+	f.updatePeer(name, peer, func(p *wgtypes.Peer) { p.ReceiveBytes = n })
 }
 
 // SetTransmitted simulates bytes sent to a peer.
 func (f *FakeClient) SetTransmitted(name string, peer wgtypes.Key, n int64) {
+	f.updatePeer(name, peer, func(p *wgtypes.Peer) { p.TransmitBytes = n })
+}
+
+// updatePeer applies set to the peer of device name, if there is one.
+func (f *FakeClient) updatePeer(name string, peer wgtypes.Key, set func(*wgtypes.Peer)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := range f.devices[name].Peers {
 		if f.devices[name].Peers[i].PublicKey == peer {
-			f.devices[name].Peers[i].TransmitBytes = n
+			set(&f.devices[name].Peers[i])
 		}
 	}
 }

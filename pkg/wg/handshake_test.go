@@ -206,27 +206,21 @@ func TestHandshakeSessionCheck(t *testing.T) {
 		t.Fatalf("the re-created peer's first handshake is awaited again: want a check in %s, got %s %v", handshakeCrossedAfter, due, ok)
 	}
 
-	// Sent data and heard back: done, nothing re-created, no more checks.
-	d, fc = handshaken(&clock)
-	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
-	fc.SetReceived("hs0", peer, 92+128)
-	if n := step(d, &clock, sessionCheckEvery); n != 0 {
-		t.Fatal("re-created a peer that answered")
-	}
-	if _, ok := d.handshakeCheckDue(); ok {
-		t.Fatal("a check is due for a peer that answered after its handshake")
-	}
-
-	// Data seen, then heard back before the delay: left alone.
-	d, fc = handshaken(&clock)
-	fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
-	step(d, &clock, sessionCheckEvery)
-	fc.SetReceived("hs0", peer, 92+128)
-	if n := step(d, &clock, sessionSilentAfter); n != 0 {
-		t.Fatal("re-created a peer that answered within sessionSilentAfter")
-	}
-	if _, ok := d.handshakeCheckDue(); ok {
-		t.Fatal("a check is due for a peer that answered")
+	// Sent data and heard back, at the next look or after the data was
+	// seen but before the delay: done, nothing re-created, no more checks.
+	for _, seenFirst := range []bool{false, true} {
+		d, fc = handshaken(&clock)
+		fc.SetTransmitted("hs0", peer, 148+keepaliveBytes+128)
+		if seenFirst {
+			step(d, &clock, sessionCheckEvery)
+		}
+		fc.SetReceived("hs0", peer, 92+128)
+		if n := step(d, &clock, sessionCheckEvery); n != 0 {
+			t.Fatalf("re-created a peer that answered (data seen before: %v)", seenFirst)
+		}
+		if _, ok := d.handshakeCheckDue(); ok {
+			t.Fatalf("a check is due for a peer that answered after its handshake (data seen before: %v)", seenFirst)
+		}
 	}
 
 	// Only a keepalive sent: no sign of a one-way session; the checks end
