@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -245,13 +246,18 @@ func handshakeTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time) string 
 func logTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time, keep ...string) string {
 	names := map[string]string{}
 	for _, n := range nodes {
-		out, err := n.Exec(s.ctx, "wg", "show", "meshd0", "public-key")
-		if k := strings.TrimSpace(string(out)); err == nil && len(k) == 44 {
+		if d, err := n.WG(s.ctx, "meshd0"); err == nil && len(d.PublicKey) == 44 {
+			k := d.PublicKey
 			names["peer("+k[:4]+"…"+k[39:43]+")"] = n.Name
 		}
 	}
-	keep = append(keep, "level=WARN", "level=ERROR")
-	var status, lines []string
+	keep = slices.Concat(keep, []string{"level=WARN", "level=ERROR"})
+	type entry struct {
+		at   time.Duration
+		line string
+	}
+	var status []string
+	var entries []entry
 	for _, n := range nodes {
 		if p := n.Meshd(); p != nil && p.Exited() {
 			status = append(status, fmt.Sprintf("%s: meshd exited: %v", n.Name, p.Err()))
@@ -279,14 +285,14 @@ func logTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time, keep ...strin
 			for id, name := range names {
 				rest = strings.ReplaceAll(rest, id, name)
 			}
-			lines = append(lines, fmt.Sprintf("%+6d ms %s: %s", at.Sub(t0).Milliseconds(), n.Name, rest))
+			entries = append(entries, entry{at.Sub(t0), n.Name + ": " + rest})
 		}
 	}
-	slices.SortStableFunc(lines, func(a, b string) int {
-		x, _ := strconv.Atoi(strings.TrimSpace(strings.Fields(a)[0]))
-		y, _ := strconv.Atoi(strings.TrimSpace(strings.Fields(b)[0]))
-		return x - y
-	})
+	slices.SortStableFunc(entries, func(a, b entry) int { return cmp.Compare(a.at, b.at) })
+	lines := make([]string, len(entries))
+	for i, e := range entries {
+		lines[i] = fmt.Sprintf("%+6d ms %s", e.at.Milliseconds(), e.line)
+	}
 	const most = 80
 	if len(lines) > most {
 		lines = append(lines[:most], fmt.Sprintf("(%d more lines)", len(lines)-most))
