@@ -457,8 +457,9 @@ func (d *Device) setWireGuard(cfg Config) error {
 	return errors.Join(errs...)
 }
 
-// handshakeRetries returns the pending peers to re-create now, forgetting
-// those that completed a handshake, vanished or waited too long.
+// handshakeRetries returns the pending peers to re-create now (an empty map:
+// none), forgetting those whose first session carries traffic back (or that
+// were quiet through the session check), vanished or waited too long.
 func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 	if len(d.pending) == 0 {
 		return nil
@@ -468,7 +469,7 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 	for i := range cur.Peers {
 		peers[cur.Peers[i].PublicKey] = &cur.Peers[i]
 	}
-	var out map[wgtypes.Key]bool
+	out := map[wgtypes.Key]bool{}
 	for k, p := range d.pending {
 		c, ok := peers[k]
 		switch {
@@ -476,9 +477,6 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 			delete(d.pending, k)
 		case !c.LastHandshakeTime.IsZero():
 			if d.sessionSilent(k, p, c, now) {
-				if out == nil {
-					out = map[wgtypes.Key]bool{}
-				}
 				out[k] = true
 			}
 		case p.crossed > 0 && !p.checked && p.retries < handshakeMaxRetries &&
@@ -495,9 +493,6 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 				if now.Add(handshakeCrossedCoalesce).Before(p.heard.Add(p.crossed)) {
 					continue
 				}
-				if out == nil {
-					out = map[wgtypes.Key]bool{}
-				}
 				out[k] = true
 				continue
 			}
@@ -507,9 +502,6 @@ func (d *Device) handshakeRetries(cur *wgtypes.Device) map[wgtypes.Key]bool {
 			// not due
 		case c.ReceiveBytes > 0 || p.retries == 0:
 			// Heard from (a crossed handshake) or not retried yet: retry.
-			if out == nil {
-				out = map[wgtypes.Key]bool{}
-			}
 			out[k] = true
 		default:
 			// Still nothing heard after a retry: unreachable or not
@@ -544,7 +536,7 @@ func (d *Device) sessionSilent(k wgtypes.Key, p pendingHandshake, c *wgtypes.Pee
 		p.looked = now
 	default:
 		d.log.Info("re-initiating a WireGuard session that carries nothing back: sent to the peer since its first handshake, heard nothing",
-			"peer", k.String(), "since_handshake", now.Sub(p.session).Round(time.Millisecond), "sent_bytes", c.TransmitBytes-p.tx0)
+			"peer", k.String(), "since_handshake", now.Sub(c.LastHandshakeTime).Round(time.Millisecond), "sent_bytes", c.TransmitBytes-p.tx0)
 		return true
 	}
 	d.pending[k] = p
