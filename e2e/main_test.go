@@ -110,9 +110,7 @@ func newScenario(t *testing.T, needMeshd bool) *scenario {
 	s := &scenario{t: t, ctx: ctx}
 	t.Cleanup(func() {
 		if (t.Failed() && !s.noNodeDiagnostics) || os.Getenv("E2E_DIAG") != "" {
-			for _, n := range tb.Nodes() {
-				t.Logf("\n%s", n.Diagnostics(context.Background(), 60))
-			}
+			s.dumpNodes(60)
 		}
 		if os.Getenv("E2E_KEEP") != "" && t.Failed() {
 			t.Logf("E2E_KEEP: not resetting after failure; testbed in %s", tb.Dir)
@@ -125,6 +123,14 @@ func newScenario(t *testing.T, needMeshd bool) *scenario {
 		cancel()
 	})
 	return s
+}
+
+// dumpNodes logs every node's diagnostics with the last lines of its meshd
+// log.
+func (s *scenario) dumpNodes(lines int) {
+	for _, n := range tb.Nodes() {
+		s.t.Logf("\n%s", n.Diagnostics(context.Background(), lines))
+	}
 }
 
 func (s *scenario) location(name string, nat bool) *testbed.Location {

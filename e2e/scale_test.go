@@ -207,9 +207,7 @@ func (s *scenario) coldStart(nodes []*testbed.Node, run int) (time.Duration, str
 		if time.Now().After(deadline) {
 			// The nodes' state first, then the message, so that the tail
 			// of a CI log shows the message.
-			for _, n := range nodes {
-				t.Logf("\n%s", n.Diagnostics(s.ctx, 30))
-			}
+			s.dumpNodes(30)
 			s.noNodeDiagnostics = true
 			t.Fatalf("cold start run %d: %d of %d pod pairs never answered within %s; handshakes:\n%s", run, missing, len(ps), deadline.Sub(t0), handshakeTimeline(s, nodes, t0))
 		}
