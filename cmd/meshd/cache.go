@@ -3,60 +3,16 @@ package main
 import (
 	"errors"
 	"reflect"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
 
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/mesh"
 )
 
-// Lean caches: every daemon caches every Node of the cluster, so what it
-// keeps per Node is multiplied by the cluster size on every node. The
-// transforms below run before an object enters an informer's cache and
-// keep only what meshd reads.
-
-// leanNode keeps of a Node what the planner, the publisher and Events read:
-// name, UID and resourceVersion, labels, meshd.io/ annotations, the pod
-// CIDRs and the addresses. managedFields, images, conditions, capacity,
-// node info, taints and everyone else's annotations are dropped.
-func leanNode(obj any) (any, error) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil // a tombstone (DeletedFinalStateUnknown): as is
-	}
-	lean := &corev1.Node{
-		TypeMeta: n.TypeMeta,
-		Spec:     corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
-		Status:   corev1.NodeStatus{Addresses: n.Status.Addresses},
-	}
-	lean.Name, lean.UID, lean.ResourceVersion, lean.Generation = n.Name, n.UID, n.ResourceVersion, n.Generation
-	lean.CreationTimestamp, lean.DeletionTimestamp = n.CreationTimestamp, n.DeletionTimestamp
-	lean.Labels = n.Labels
-	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, convert.AnnotationPrefix) {
-			if lean.Annotations == nil {
-				lean.Annotations = map[string]string{}
-			}
-			lean.Annotations[k] = v
-		}
-	}
-	return lean, nil
-}
-
-// dropManagedFields removes managedFields (often the largest part of a
-// small object) from any object; used for Peers and Leases.
-func dropManagedFields(obj any) (any, error) {
-	if _, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		return obj, nil
-	}
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
-}
+// The informers' transforms (lean caches) are convert.LeanNode and
+// convert.DropManagedFields.
 
 // setTransform installs a transform on an informer that has not started.
 func setTransform(i cache.SharedIndexInformer, f cache.TransformFunc) error {

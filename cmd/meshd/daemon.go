@@ -205,17 +205,17 @@ func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) erro
 	return nil
 }
 
-// newSources starts nothing: it makes the informers (lean caches, cache.go),
+// newSources starts nothing: it makes the informers (lean caches: convert.LeanNode),
 // the DNS cache and the link watchers a reconcile reads from.
 func (d *daemon) newSources() (sources, error) {
 	c, clients, log := d.cfg, d.kube, d.log
-	// Lean caches (cache.go): only what meshd reads is kept. No informer
+	// Lean caches (convert.LeanNode, convert.DropManagedFields): only what meshd reads is kept. No informer
 	// resync (period 0): a resync replays every cached object to the
 	// handlers, which at 1,000 nodes means re-parsing 1,000 Nodes and
 	// re-observing 1,000 Leases per period only for the handlers to drop
 	// them as unchanged; the resync ticker (tick) reconciles from the caches
 	// every --resync-period instead.
-	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(leanNode))
+	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(convert.LeanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leases, err := newLeaseWatch(clients.Kube, c, d.leaseHandler())
 	if err != nil {
@@ -223,7 +223,7 @@ func (d *daemon) newSources() (sources, error) {
 	}
 	d.leases = leases
 	d.peers = connect.NewPeerInformer(clients, noInformerResync)
-	if err := setTransform(d.peers, dropManagedFields); err != nil {
+	if err := setTransform(d.peers, convert.DropManagedFields); err != nil {
 		return sources{}, err
 	}
 	// Preshared-key Secrets come from a cache of the one namespace meshd may
@@ -243,7 +243,7 @@ func (d *daemon) newSources() (sources, error) {
 	src.liveness.SetTakeoverDelay(c.TakeoverDelay)
 	if c.ClusterLinks {
 		d.clusterLinks = meshdinformers.NewClusterLinkInformer(clients.Meshd, c.ResyncPeriod, cache.Indexers{})
-		if err := setTransform(d.clusterLinks, dropManagedFields); err != nil {
+		if err := setTransform(d.clusterLinks, convert.DropManagedFields); err != nil {
 			return sources{}, err
 		}
 		src.links = clusterlink.Source{Store: d.clusterLinks.GetStore(), Synced: d.clusterLinks.HasSynced}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	"meshd.io/meshd/pkg/mesh"
 )
@@ -33,7 +34,7 @@ type leaseWatch struct {
 func newLeaseWatch(kube kubernetes.Interface, c *config, handler cache.ResourceEventHandler) (*leaseWatch, error) {
 	informer := func(tweak func(*metav1.ListOptions), h cache.ResourceEventHandler) (cache.SharedIndexInformer, error) {
 		f := informers.NewSharedInformerFactoryWithOptions(kube, noInformerResync, informers.WithNamespace(c.LeaseNamespace),
-			informers.WithTransform(dropManagedFields), informers.WithTweakListOptions(tweak))
+			informers.WithTransform(convert.DropManagedFields), informers.WithTweakListOptions(tweak))
 		i := f.Coordination().V1().Leases().Informer()
 		_, err := i.AddEventHandler(h)
 		return i, err

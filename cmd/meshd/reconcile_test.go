@@ -366,7 +366,7 @@ func TestLeanNodeKeepsMeshInput(t *testing.T) {
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	n.Status.NodeInfo.KubeletVersion = "v1.36.3"
 	n.Spec.Taints = []corev1.Taint{{Key: "x", Effect: corev1.TaintEffectNoSchedule}}
-	o, err := leanNode(n)
+	o, err := convert.LeanNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}

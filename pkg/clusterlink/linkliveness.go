@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -147,7 +148,8 @@ func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
 	}
 	l := liveness.NewLiveness(w.timeout, w.now)
 	l.SetTakeoverDelay(w.takeover)
-	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace)).Coordination().V1().Leases().Informer()
+	inf := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithNamespace(w.namespace),
+		informers.WithTransform(convert.DropManagedFields)).Coordination().V1().Leases().Informer()
 	r := &remoteLeases{kc: kc, liveness: l, leases: inf}
 	if _, err := inf.AddEventHandler(w.leaseHandler(r)); err != nil {
 		return nil, err

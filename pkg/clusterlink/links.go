@@ -16,6 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"meshd.io/meshd/pkg/k8s/convert"
 )
 
 // RemoteCluster is a linked cluster as last seen: its settings, the Secret
@@ -181,10 +183,22 @@ func (w *LinkWatcher) start(ctx context.Context, cluster string, kc []byte) (cac
 	if err != nil {
 		return nil, none, fmt.Errorf("link to cluster %s: building a client for %s: %w", cluster, cfg.Host, err)
 	}
-	nodes := informers.NewSharedInformerFactory(c, w.resync).Core().V1().Nodes().Informer()
+	// Lean cache (convert.LeanNode): only what Leaders reads of each
+	// linked Node is kept, and an update that leaves that the same (a
+	// kubelet status update, another component's annotation) calls no
+	// onChange. A resync (same resourceVersion) still does.
+	nodes := informers.NewSharedInformerFactoryWithOptions(c, w.resync, informers.WithTransform(convert.LeanNode)).Core().V1().Nodes().Informer()
 	handler := func(any) { w.onChange() }
 	reg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: handler, UpdateFunc: func(_, o any) { handler(o) }, DeleteFunc: handler,
+		AddFunc: handler, DeleteFunc: handler,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Node)
+			n, ok2 := cur.(*corev1.Node)
+			if ok1 && ok2 && o.ResourceVersion != n.ResourceVersion && convert.SameLeanNode(o, n) {
+				return
+			}
+			handler(cur)
+		},
 	})
 	if err != nil {
 		return nil, none, fmt.Errorf("link to cluster %s: %w", cluster, err)

@@ -9,7 +9,8 @@
 // AnnotationPatch, PublishNode), the hysteresis of discovered endpoints,
 // and the Peer status the location leaders report (PeerStatusWriter: one
 // background writer, only on change, never blocking the reconcile).
-// It names every meshd annotation (annotations.go).
+// It names every meshd annotation (annotations.go), and keeps informer
+// caches lean (LeanNode, DropManagedFields: only what meshd reads).
 //
 // Out of scope: planning (pkg/mesh decides; this package only converts),
 // heartbeat Leases and liveness (pkg/k8s/liveness), links to other clusters
