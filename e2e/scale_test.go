@@ -242,6 +242,12 @@ func handshakeTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time) string 
 // with wireguard-go's peer(abcd…wxyz) replaced by the node name: short
 // enough for the tail of a CI log.
 func logTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time, keep ...string) string {
+	return logTimelineFrom(s, nodes, t0, t0, keep...)
+}
+
+// logTimelineFrom is logTimeline of the lines from `from` on, still in
+// milliseconds since t0: the moments around a loss in a long run.
+func logTimelineFrom(s *scenario, nodes []*testbed.Node, t0, from time.Time, keep ...string) string {
 	names := map[string]string{}
 	for _, n := range nodes {
 		if d, err := n.WG(s.ctx, "meshd0"); err == nil && len(d.PublicKey) == 44 {
@@ -276,7 +282,7 @@ func logTimeline(s *scenario, nodes []*testbed.Node, t0 time.Time, keep ...strin
 			}
 			ts, rest, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
 			at, err := time.Parse(time.RFC3339Nano, ts)
-			if err != nil || at.Before(t0) {
+			if err != nil || at.Before(from) {
 				continue
 			}
 			rest = strings.NewReplacer(" interface=meshd0", "", " component=wireguard-go", "").Replace(rest)
