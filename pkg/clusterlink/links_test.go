@@ -21,28 +21,20 @@ import (
 // cluster's API server.
 func fakeRemoteAPI(t *testing.T, nodes ...corev1.Node) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/api/v1/nodes" {
-			http.NotFound(w, r)
-			return
-		}
-		if r.URL.Query().Get("sendInitialEvents") == "true" { // no streaming lists: clients fall back to a list
-			http.Error(w, "streaming lists not supported", http.StatusBadRequest)
-			return
-		}
-		if r.URL.Query().Get("watch") == "true" {
-			<-r.Context().Done()
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(corev1.NodeList{
-			TypeMeta: metav1.TypeMeta{Kind: "NodeList", APIVersion: "v1"},
-			ListMeta: metav1.ListMeta{ResourceVersion: "1"},
-			Items:    nodes,
-		})
-	}))
-	t.Cleanup(srv.Close)
-	return srv
+	return fakeRemoteWatchAPI(t, nil, nodes...)
+}
+
+// runLinkWatcher runs a LinkWatcher of kube's link Secrets until the test
+// ends; changes counts its onChange calls.
+func runLinkWatcher(t *testing.T, kube *fake.Clientset) (*LinkWatcher, *atomic.Int64) {
+	t.Helper()
+	changes := new(atomic.Int64)
+	w := NewLinkWatcher(slog.New(slog.NewTextHandler(io.Discard, nil)), kube, "meshd-system", time.Hour, func() { changes.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w, changes
 }
 
 func linkSecret(name, cluster, server string) *corev1.Secret {
@@ -67,12 +59,7 @@ current-context: c
 func TestLinkWatcherSyncedAndRace(t *testing.T) {
 	up := fakeRemoteAPI(t, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "w1"}})
 	kube := fake.NewClientset(linkSecret("link-west", "west", "http://127.0.0.1:1"))
-	var changes atomic.Int64
-	w := NewLinkWatcher(slog.New(slog.NewTextHandler(io.Discard, nil)), kube, "meshd-system", time.Hour, func() { changes.Add(1) })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	w, changes := runLinkWatcher(t, kube)
 
 	stop := make(chan struct{})
 	readers := make(chan struct{})
@@ -113,7 +100,7 @@ func TestLinkWatcherSyncedAndRace(t *testing.T) {
 		}
 		sec := linkSecret("link-west", "west", server)
 		sec.ResourceVersion = fmt.Sprint(i + 2)
-		if _, err := kube.CoreV1().Secrets("meshd-system").Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		if _, err := kube.CoreV1().Secrets("meshd-system").Update(t.Context(), sec, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -129,8 +116,9 @@ func TestLinkWatcherSyncedAndRace(t *testing.T) {
 	}
 }
 
-// fakeRemoteWatchAPI serves a Node list like fakeRemoteAPI, and streams to
-// its one watch the Node updates sent on events.
+// fakeRemoteWatchAPI serves a Node list like a linked cluster's API server,
+// and streams to its first watch the Node updates sent on events (none if
+// events is nil); other watches hang.
 func fakeRemoteWatchAPI(t *testing.T, events <-chan corev1.Node, nodes ...corev1.Node) *httptest.Server {
 	t.Helper()
 	var watching atomic.Bool
@@ -194,12 +182,7 @@ func TestLinkWatcherLeanNodes(t *testing.T) {
 	events := make(chan corev1.Node)
 	up := fakeRemoteWatchAPI(t, events, fat("1"))
 	kube := fake.NewClientset(linkSecret("link-west", "west", up.URL))
-	var changes atomic.Int64
-	w := NewLinkWatcher(slog.New(slog.NewTextHandler(io.Discard, nil)), kube, "meshd-system", time.Hour, func() { changes.Add(1) })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	w, changes := runLinkWatcher(t, kube)
 
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
