@@ -209,12 +209,12 @@ func (d *daemon) build(opts mesh.Options, facts localFacts, exec executors) erro
 // the DNS cache and the link watchers a reconcile reads from.
 func (d *daemon) newSources() (sources, error) {
 	c, clients, log := d.cfg, d.kube, d.log
-	// Lean caches (convert.LeanNode, convert.DropManagedFields): only what meshd reads is kept. No informer
-	// resync (period 0): a resync replays every cached object to the
-	// handlers, which at 1,000 nodes means re-parsing 1,000 Nodes and
-	// re-observing 1,000 Leases per period only for the handlers to drop
-	// them as unchanged; the resync ticker (tick) reconciles from the caches
-	// every --resync-period instead.
+	// Lean caches (convert.LeanNode, convert.DropManagedFields): only what
+	// meshd reads is kept. No informer resync (period 0): a resync replays
+	// every cached object to the handlers, which at 1,000 nodes means
+	// re-parsing 1,000 Nodes and re-observing 1,000 Leases per period only
+	// for the handlers to drop them as unchanged; the resync ticker (tick)
+	// reconciles from the caches every --resync-period instead.
 	factory := informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithTransform(convert.LeanNode))
 	d.nodes = factory.Core().V1().Nodes().Informer()
 	leases, err := newLeaseWatch(clients.Kube, c, d.leaseHandler())

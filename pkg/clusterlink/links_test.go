@@ -127,7 +127,7 @@ func fakeRemoteWatchAPI(t *testing.T, events <-chan corev1.Node, nodes ...corev1
 			http.NotFound(w, r)
 			return
 		}
-		if r.URL.Query().Get("sendInitialEvents") == "true" {
+		if r.URL.Query().Get("sendInitialEvents") == "true" { // no streaming lists: clients fall back to a list
 			http.Error(w, "streaming lists not supported", http.StatusBadRequest)
 			return
 		}
