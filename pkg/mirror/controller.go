@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -100,6 +101,13 @@ const (
 	EventReasonClash = "MirrorNameClash"
 )
 
+// leanCache keeps the mirror's informer caches (Services, EndpointSlices,
+// Namespaces, Leases, local and remote) without managedFields, often the
+// largest part of such an object, which the mirror never reads. Updates
+// sent from a cached object keep the server's managedFields: an update
+// without them leaves them as they are.
+var leanCache = informers.WithTransform(convert.DropManagedFields)
+
 // Controller mirrors the exported Services of remote clusters into the
 // local cluster.
 type Controller struct {
@@ -161,8 +169,8 @@ func New(log *slog.Logger, local kubernetes.Interface, recorder record.EventReco
 		c.tunnel = newLeaseHealth(c.now)
 		c.opts.Health = c.tunnel
 	}
-	c.factory = informers.NewSharedInformerFactory(local, opts.Resync)
-	c.sliceFactory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync,
+	c.factory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync, leanCache)
+	c.sliceFactory = informers.NewSharedInformerFactoryWithOptions(local, opts.Resync, leanCache,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = discoveryv1.LabelManagedBy + "=" + ManagedByMirror
 		}))

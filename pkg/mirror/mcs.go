@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
@@ -184,6 +185,7 @@ func (m *mcsController) run(ctx context.Context) {
 	}
 	defer m.queue.ShutDown()
 	m.imports = dynamicinformer.NewFilteredDynamicInformer(m.dyn, ServiceImportGVR, "", c.opts.Resync, cache.Indexers{}, nil).Informer()
+	_ = m.imports.SetTransform(convert.DropManagedFields) // not started: cannot fail
 	byImport := func(o any) {
 		ns, name := namespaceName(o)
 		m.enqueue(ns, name)

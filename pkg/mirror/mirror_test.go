@@ -16,10 +16,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -632,5 +634,47 @@ func TestSliceUpdateConflictRetried(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(e.metrics.errors.WithLabelValues("c1")); got != 0 {
 		t.Fatalf("%v sync errors counted, want 0 (the conflict is retried inside the sync)", got)
+	}
+}
+
+// TestCachesKeepNoManagedFields: the mirror's informer caches, local and
+// remote, hold no managedFields (the mirror never reads them), and it
+// mirrors as before.
+func TestCachesKeepNoManagedFields(t *testing.T) {
+	managed := []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate}}
+	svc, exp := remoteService("shop", "web", "10.96.0.10", 80), export("shop", "web")
+	sl := remoteSlice("shop", "web", "web-abc", 8080, ep{ip: "10.244.1.5", ready: true})
+	svc.ManagedFields, sl.ManagedFields = managed, managed
+	exp.SetManagedFields(managed)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", ManagedFields: managed}}
+	r := newFakeRemote("c1", svc, exp, sl)
+	e := start(t, Options{}, []runtime.Object{ns}, r)
+	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
+
+	e.c.mu.Lock()
+	rc := e.c.remotes["c1"]
+	e.c.mu.Unlock()
+	stores := map[string]cache.Store{
+		"local Services": e.c.services.GetStore(), "local Namespaces": e.c.nss.GetStore(), "local EndpointSlices": e.c.slices.GetStore(),
+		"remote Services": rc.services.GetStore(), "remote EndpointSlices": rc.slices.GetStore(), "remote ServiceExports": rc.exports.GetStore(),
+	}
+	eventually(t, func() error { // the caches catch up with the mirror's writes
+		for name, s := range stores {
+			if len(s.List()) == 0 {
+				return fmt.Errorf("%s: empty cache", name)
+			}
+		}
+		return nil
+	})
+	for name, s := range stores {
+		for _, o := range s.List() {
+			m, err := meta.Accessor(o)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if m.GetManagedFields() != nil {
+				t.Errorf("%s: %s/%s cached with its managedFields", name, m.GetNamespace(), m.GetName())
+			}
+		}
 	}
 }

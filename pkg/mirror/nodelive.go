@@ -75,7 +75,7 @@ func (r *remote) nodeDead(node string) bool {
 // imports when a node dies or comes back. It does not hold up r's sync: a
 // link that may not read Leases only loses this signal.
 func (c *Controller) runNodeLiveness(ctx context.Context, r *remote, namespace string) {
-	f := informers.NewSharedInformerFactoryWithOptions(r.Kube, c.opts.Resync, informers.WithNamespace(namespace))
+	f := informers.NewSharedInformerFactoryWithOptions(r.Kube, c.opts.Resync, informers.WithNamespace(namespace), leanCache)
 	inf := f.Coordination().V1().Leases().Informer()
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { observeLease(r.live, o) },

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -142,11 +143,12 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 	r.mu.Lock()
 	r.lastOK = c.now()
 	r.mu.Unlock()
-	factory := informers.NewSharedInformerFactory(r.Kube, c.opts.Resync)
+	factory := informers.NewSharedInformerFactoryWithOptions(r.Kube, c.opts.Resync, leanCache)
 	r.services = factory.Core().V1().Services().Informer()
 	r.slices = factory.Discovery().V1().EndpointSlices().Informer()
 	_ = r.slices.AddIndexers(cache.Indexers{indexService: sliceServiceIndex})
 	r.exports = dynamicinformer.NewFilteredDynamicInformer(r.Dynamic, ServiceExportGVR, "", c.opts.Resync, cache.Indexers{}, nil).Informer()
+	_ = r.exports.SetTransform(convert.DropManagedFields) // not started: cannot fail
 
 	changed := func(ns, name string) {
 		if !r.self {

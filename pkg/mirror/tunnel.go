@@ -136,7 +136,7 @@ const tunnelSyncWait = 10 * time.Second
 // synced after the first judgement from a synced cache, so a restarted
 // mirror does not write endpoints ready before it knows the tunnels.
 func (c *Controller) runTunnelHealth(ctx context.Context, h *leaseHealth, synced chan<- struct{}) {
-	f := informers.NewSharedInformerFactoryWithOptions(c.local, c.opts.Resync, informers.WithNamespace(c.opts.LeaseNamespace))
+	f := informers.NewSharedInformerFactoryWithOptions(c.local, c.opts.Resync, informers.WithNamespace(c.opts.LeaseNamespace), leanCache)
 	inf := f.Coordination().V1().Leases().Informer()
 	kick := make(chan struct{}, 1)
 	poke := func() {
