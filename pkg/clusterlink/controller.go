@@ -251,13 +251,15 @@ func (c *Controller) status(cur *v1alpha1.ClusterLink, rc RemoteCluster) (v1alph
 			break
 		}
 		next := LeaderStatus(leaders, live)
-		if settled, wait := c.live.Settled(rc.Secret.Name); !settled && len(st.Leaders) > 0 && noneLive(live) && !sameJSON(next, st.Leaders) {
+		if settled, wait := c.live.Settled(rc.Secret.Name); !settled && len(st.Leaders) > 0 && !sameJSON(next, st.Leaders) &&
+			(noneLive(live) || c.live.notSeenDying(rc.Secret.Name, st.Leaders, live)) {
 			// Just started, or the linked cluster just answered again after
-			// an outage, and not one of its nodes looks live: every node's
-			// heartbeat failed during the outage, so their Leases look
-			// stale until renewed. Keep the last leaders until liveness
-			// rests on a full lease duration (a leader change with live
-			// nodes, a failover, goes through at once).
+			// an outage, and not one of its nodes looks live, or none of the
+			// last leaders was seen dying: every node's heartbeat failed
+			// during the outage, so their Leases look stale until renewed,
+			// in whatever order. Keep the last leaders until liveness rests
+			// on a full lease duration (a last leader seen live and then
+			// expiring, a failover, goes through at once).
 			c.wakeAfter(cur.Name, wait)
 			c.log.Debug("linked cluster's liveness settling; keeping its last leaders", "cluster", cur.Name, "for", wait.Round(time.Second))
 		} else {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
@@ -258,6 +259,25 @@ func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
 		return false, true
 	}
 	return false, false
+}
+
+// notSeenDying reports whether every one of leaders (of the cluster linked
+// by the Secret secretName) is live, or dead only by its Lease having been
+// stale on first sight (liveness.Liveness.StaleOnFirstSight): none was seen
+// dying since the Lease watch began.
+func (w *LinkLiveness) notSeenDying(secretName string, leaders []v1alpha1.ClusterLinkLeader, live map[string]bool) bool {
+	w.mu.Lock()
+	r := w.remotes[secretName]
+	w.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	for _, l := range leaders {
+		if !live[l.Name] && !r.liveness.StaleOnFirstSight(l.Name) {
+			return false
+		}
+	}
+	return true
 }
 
 // Settled reports whether the liveness of the cluster linked by the Secret

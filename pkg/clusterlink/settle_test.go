@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
@@ -118,5 +119,72 @@ func TestSettlingWakeUpNotStacked(t *testing.T) {
 	time.Sleep(leaseDuration / 2)
 	if n := len(c.wake); n != 0 {
 		t.Errorf("%d more wake-ups: 20 syncs while settling stacked their timers", n)
+	}
+}
+
+// While a linked cluster's liveness settles, its last leaders stay if none
+// of them was seen dying, even when another node looks live first (after
+// an outage the Leases renew in any order, and one stale on first sight is
+// dead until renewed); a last leader seen live and then expiring is
+// replaced at once (a failover).
+func TestSettlingKeepsLeadersNotSeenDying(t *testing.T) {
+	const leaseDuration = 40 * time.Second
+	w1 := remoteNode(t, "w1", "a", "198.51.100.101", "10.52.1.0/24")
+	w1.Annotations[convert.AnnotationLeader] = "true"
+	w2 := remoteNode(t, "w2", "a", "198.51.100.102", "10.52.2.0/24")
+	nodes := []*corev1.Node{w1, w2}
+	sec := linkSecret(LinkSecretPrefix+"west", "west", "https://192.0.2.1:6443")
+	ls, _, err := LinkFromSecret(sec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders, live, err := Leaders(ls, nodes, nil)
+	if err != nil || len(leaders) != 1 || leaders[0].Name != "w1" {
+		t.Fatalf("leaders without liveness %+v (%v), want w1", leaders, err)
+	}
+	cur := &v1alpha1.ClusterLink{ObjectMeta: metav1.ObjectMeta{Name: "west"}, Spec: Spec(sec),
+		Status: v1alpha1.ClusterLinkStatus{Leaders: LeaderStatus(leaders, live)}}
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	leaseAt := func(node, rv string, renew time.Time) *coordinationv1.Lease {
+		mt := metav1.NewMicroTime(renew)
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName(node), Namespace: "meshd-system", ResourceVersion: rv},
+			Spec: coordinationv1.LeaseSpec{RenewTime: &mt}}
+	}
+	// The Lease informer only has to be synced and hold a Lease for the
+	// controller to judge; the decisions come from l.
+	leases := informers.NewSharedInformerFactoryWithOptions(fake.NewClientset(leaseAt("w1", "1", now)), 0, informers.WithNamespace("meshd-system")).
+		Coordination().V1().Leases().Informer()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go leases.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), leases.HasSynced) {
+		t.Fatal("Lease informer not synced")
+	}
+	status := func(l *liveness.Liveness) []v1alpha1.ClusterLinkLeader {
+		c := NewController(fake.NewClientset(), meshdfake.NewSimpleClientset(), ControllerOptions{Namespace: "meshd-system",
+			LeaseDuration: leaseDuration, Logger: slog.New(slog.DiscardHandler)}, nil)
+		c.wake = make(chan struct{}, 100)
+		c.live.remotes[sec.Name] = &remoteLeases{liveness: l, leases: leases} // never answered: not settled
+		st, _ := c.status(cur, RemoteCluster{Settings: ls, Secret: sec, Nodes: nodes, Synced: true})
+		return st.Leaders
+	}
+
+	// First sight after a 45 s outage: w1's Lease is stale, w2's fresh.
+	l := liveness.NewLiveness(leaseDuration, clock)
+	l.Observe(leaseAt("w1", "1", now.Add(-45*time.Second)))
+	l.Observe(leaseAt("w2", "1", now.Add(-5*time.Second)))
+	if got := status(l); len(got) != 1 || got[0].Name != "w1" {
+		t.Errorf("w1 stale on first sight, w2 live: leaders %+v, want w1 kept", got)
+	}
+
+	// w1 seen live, then expiring: w2 takes over at once.
+	l = liveness.NewLiveness(leaseDuration, clock)
+	l.Observe(leaseAt("w1", "1", now))
+	l.Observe(leaseAt("w2", "1", now))
+	now = now.Add(leaseDuration + time.Second)
+	l.Observe(leaseAt("w2", "2", now))
+	if got := status(l); len(got) != 1 || got[0].Name != "w2" {
+		t.Errorf("w1 seen expiring: leaders %+v, want w2", got)
 	}
 }

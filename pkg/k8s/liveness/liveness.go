@@ -158,7 +158,11 @@ func (d Decision) equal(o Decision) bool {
 // is Settling for the takeover delay, and leads only where no settled node
 // can; so a recovered preferred leader takes over after it has been healthy
 // for that long, not at its first sign of life. Nodes live when this process
-// starts are settled at once. Safe for concurrent use.
+// starts are settled at once, and so is a node whose Lease was stale on
+// first sight and changes within the timeout of that sight: it was not
+// seen dying, its heartbeats were only not seen (an API outage ending as
+// this process starts watching: every Lease looks stale until renewed).
+// Safe for concurrent use.
 type Liveness struct {
 	mu       sync.Mutex
 	timeout  time.Duration
@@ -203,6 +207,11 @@ type observation struct {
 	at              time.Time // local time of the last observed change
 	timeout         time.Duration
 	report          Report
+	// staleSight: when this first sight found the Lease stale (zero
+	// otherwise, and once it changed); renewedAfterStaleSight: this change
+	// follows such a sight within the timeout (see the type doc).
+	staleSight             time.Time
+	renewedAfterStaleSight bool
 }
 
 // NewLiveness returns a Liveness with the given timeout and no takeover
@@ -259,12 +268,15 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 		return false
 	}
 	now := l.now()
-	at := now
+	o := observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: now, timeout: timeout, report: report}
 	if !known && !renew.IsZero() && now.Sub(renew) >= timeout {
 		// Stale on first sight: dead until it changes (see the type doc).
-		at = now.Add(-timeout)
+		o.at, o.staleSight = now.Add(-timeout), now
 	}
-	l.seen[node] = observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, timeout: timeout, report: report}
+	if known && !prev.staleSight.IsZero() && now.Sub(prev.staleSight) < timeout {
+		o.renewedAfterStaleSight = true
+	}
+	l.seen[node] = o
 	// A renewal of a lease-live node with the same report only moves its
 	// expiry later: quietUntil stays a safe (early) bound.
 	if !known || !l.leaseLive(prev, now) || !prev.report.equal(report) {
@@ -316,6 +328,15 @@ func (l *Liveness) leaseLive(o observation, now time.Time) bool {
 		now = l.frozenAt
 	}
 	return now.Sub(o.at) < o.timeout
+}
+
+// StaleOnFirstSight reports whether node's Lease was stale when first seen
+// and has not changed since: dead by the first-sight rule (see the type
+// doc), not seen dying.
+func (l *Liveness) StaleOnFirstSight(node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.seen[node].staleSight.IsZero()
 }
 
 // LeaseExpired reports whether node's Lease was observed and is not live,
@@ -464,8 +485,10 @@ func (l *Liveness) evaluate(now time.Time) Decision {
 		s, known := l.since[n]
 		if !known {
 			s = now
-			if !l.judged[n] && now.Sub(l.start) < l.timeout {
-				s = now.Add(-l.takeover) // live when this process started: settled
+			if !l.judged[n] && now.Sub(l.start) < l.timeout || l.seen[n].renewedAfterStaleSight {
+				// Live when this process started, or its heartbeats were
+				// only not seen: settled.
+				s = now.Add(-l.takeover)
 			}
 			l.since[n] = s
 		}

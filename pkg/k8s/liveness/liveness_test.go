@@ -252,3 +252,63 @@ func TestLivenessLeaseDurations(t *testing.T) {
 	clock.Step(20 * time.Second)
 	expired(60*time.Second, "default", "fresh", "long", "reporter", "short", "voted")
 }
+
+// A Lease stale on first sight is dead until it changes. If it changes
+// within the timeout of that sight (an API outage ending as this process
+// starts watching: every heartbeat failed, none was seen), the node is
+// settled at once; later, it recovered and settles for the takeover delay.
+// StaleOnFirstSight tells the first kind of dead from one seen expiring.
+func TestStaleOnFirstSight(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock.Step(time.Hour) // this process started an hour ago
+	l := NewLiveness(40*time.Second, clock.Now)
+	l.SetTakeoverDelay(30 * time.Second)
+	clock.Step(time.Hour)
+	old := clock.Now().Add(-45 * time.Second) // renewed just before a 40 s+ outage
+	l.Observe(lease("soon", "1", old))
+	l.Observe(lease("late", "1", old))
+	l.Observe(lease("fresh", "1", clock.Now().Add(-5*time.Second)))
+	loc := map[string]string{"soon": "x", "late": "x", "fresh": "x"}
+	d := l.Decide(loc)
+	if d.Live["soon"] || d.Live["late"] || !d.Live["fresh"] {
+		t.Fatalf("first sight: live %v, want only fresh", d.Live)
+	}
+	if !l.StaleOnFirstSight("soon") || !l.StaleOnFirstSight("late") || l.StaleOnFirstSight("fresh") || l.StaleOnFirstSight("never") {
+		t.Error("StaleOnFirstSight wrong on first sight")
+	}
+
+	clock.Step(10 * time.Second) // soon renews within the timeout of its sight
+	l.Observe(lease("soon", "2", clock.Now()))
+	if l.StaleOnFirstSight("soon") {
+		t.Error("StaleOnFirstSight after a change")
+	}
+	d = l.Decide(loc)
+	if !d.Live["soon"] || d.Settling["soon"] {
+		t.Errorf("renewed 10 s after a stale first sight: live %v, settling %v; want live and settled", d.Live["soon"], d.Settling["soon"])
+	}
+
+	clock.Step(35 * time.Second) // late renews 45 s after its sight: it recovered
+	l.Observe(lease("late", "2", clock.Now()))
+	l.Observe(lease("soon", "3", clock.Now()))
+	l.Observe(lease("fresh", "2", clock.Now()))
+	d = l.Decide(loc)
+	if !d.Live["late"] || !d.Settling["late"] {
+		t.Errorf("renewed 45 s after a stale first sight: live %v, settling %v; want live and settling", d.Live["late"], d.Settling["late"])
+	}
+	if d.Settling["soon"] || d.Settling["fresh"] {
+		t.Errorf("settling %v: only late should be", d.Settling)
+	}
+
+	// soon dies as seen: dead, and no longer "stale on first sight".
+	clock.Step(41 * time.Second)
+	l.Observe(lease("late", "3", clock.Now()))
+	l.Observe(lease("fresh", "3", clock.Now()))
+	if d = l.Decide(loc); d.Live["soon"] || l.StaleOnFirstSight("soon") {
+		t.Errorf("seen expiring: live %v, stale on first sight %v", d.Live["soon"], l.StaleOnFirstSight("soon"))
+	}
+	// Back now: it recovered, so it settles.
+	l.Observe(lease("soon", "4", clock.Now()))
+	if d = l.Decide(loc); !d.Live["soon"] || !d.Settling["soon"] {
+		t.Errorf("back after dying: live %v, settling %v; want live and settling", d.Live["soon"], d.Settling["soon"])
+	}
+}
