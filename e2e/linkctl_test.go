@@ -156,8 +156,12 @@ func TestLinkController(t *testing.T) {
 		}
 	}
 
-	// Cluster 2's API server hangs; cluster 1's controller restarts meanwhile.
-	const window = 45 * time.Second
+	// Cluster 2's API server hangs for longer than the lease duration (40 s);
+	// cluster 1's controller restarts meanwhile. After it, every Lease of
+	// cluster 2 is stale on the restarted controller's first sight and its
+	// nodes renew them in any order: the controller must keep cluster 2's
+	// leader, as cluster 2 does.
+	const window, hangAtLeast = 60 * time.Second, 45 * time.Second
 	there := s.startPingVia("c1-c2", pod(b.one[0]).Start, pod(b.two[0]).IP.String(), window)
 	back := s.startPingVia("c2-c1", pod(b.two[1]).Start, pod(b.one[1]).IP.String(), window)
 	time.Sleep(2 * time.Second)
@@ -194,6 +198,7 @@ func TestLinkController(t *testing.T) {
 	if err != nil || len(cl.Status.Leaders) != 1 {
 		t.Errorf("ClusterLink cluster2 after the controller restarted during cluster 2's outage: %+v (%v)", cl, err)
 	}
+	time.Sleep(time.Until(hungAt.Add(hangAtLeast)))
 	resume()
 	t.Logf("cluster 2's API server resumed after %s", time.Since(hungAt).Round(100*time.Millisecond))
 	for _, p := range []*pinger{there, back} {
