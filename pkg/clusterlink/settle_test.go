@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
@@ -89,17 +90,8 @@ func TestSettlingWakeUpNotStacked(t *testing.T) {
 	// The linked cluster's Leases are listed, and w1's stopped an hour ago:
 	// not one of its nodes looks live, and its Lease watch has not answered
 	// for a lease duration yet.
-	renew := metav1.NewMicroTime(time.Now().Add(-time.Hour))
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("w1"), Namespace: "meshd-system", ResourceVersion: "1"},
-		Spec: coordinationv1.LeaseSpec{RenewTime: &renew}}
-	leases := informers.NewSharedInformerFactoryWithOptions(fake.NewClientset(lease), 0, informers.WithNamespace("meshd-system")).
-		Coordination().V1().Leases().Informer()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go leases.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), leases.HasSynced) {
-		t.Fatal("Lease informer not synced")
-	}
+	lease := testLease("w1", "1", time.Now().Add(-time.Hour))
+	leases := syncedLeaseInformer(t, lease)
 	l := liveness.NewLiveness(leaseDuration, time.Now)
 	l.Observe(lease)
 	c.live.remotes[sec.Name] = &remoteLeases{liveness: l, leases: leases}
@@ -146,21 +138,10 @@ func TestSettlingKeepsLeadersNotSeenDying(t *testing.T) {
 		Status: v1alpha1.ClusterLinkStatus{Leaders: LeaderStatus(leaders, live)}}
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	leaseAt := func(node, rv string, renew time.Time) *coordinationv1.Lease {
-		mt := metav1.NewMicroTime(renew)
-		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName(node), Namespace: "meshd-system", ResourceVersion: rv},
-			Spec: coordinationv1.LeaseSpec{RenewTime: &mt}}
-	}
+
 	// The Lease informer only has to be synced and hold a Lease for the
 	// controller to judge; the decisions come from l.
-	leases := informers.NewSharedInformerFactoryWithOptions(fake.NewClientset(leaseAt("w1", "1", now)), 0, informers.WithNamespace("meshd-system")).
-		Coordination().V1().Leases().Informer()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go leases.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), leases.HasSynced) {
-		t.Fatal("Lease informer not synced")
-	}
+	leases := syncedLeaseInformer(t, testLease("w1", "1", now))
 	status := func(l *liveness.Liveness) []v1alpha1.ClusterLinkLeader {
 		c := NewController(fake.NewClientset(), meshdfake.NewSimpleClientset(), ControllerOptions{Namespace: "meshd-system",
 			LeaseDuration: leaseDuration, Logger: slog.New(slog.DiscardHandler)}, nil)
@@ -172,19 +153,45 @@ func TestSettlingKeepsLeadersNotSeenDying(t *testing.T) {
 
 	// First sight after a 45 s outage: w1's Lease is stale, w2's fresh.
 	l := liveness.NewLiveness(leaseDuration, clock)
-	l.Observe(leaseAt("w1", "1", now.Add(-45*time.Second)))
-	l.Observe(leaseAt("w2", "1", now.Add(-5*time.Second)))
+	l.Observe(testLease("w1", "1", now.Add(-45*time.Second)))
+	l.Observe(testLease("w2", "1", now.Add(-5*time.Second)))
 	if got := status(l); len(got) != 1 || got[0].Name != "w1" {
 		t.Errorf("w1 stale on first sight, w2 live: leaders %+v, want w1 kept", got)
 	}
 
 	// w1 seen live, then expiring: w2 takes over at once.
 	l = liveness.NewLiveness(leaseDuration, clock)
-	l.Observe(leaseAt("w1", "1", now))
-	l.Observe(leaseAt("w2", "1", now))
+	l.Observe(testLease("w1", "1", now))
+	l.Observe(testLease("w2", "1", now))
 	now = now.Add(leaseDuration + time.Second)
-	l.Observe(leaseAt("w2", "2", now))
+	l.Observe(testLease("w2", "2", now))
 	if got := status(l); len(got) != 1 || got[0].Name != "w2" {
 		t.Errorf("w1 seen expiring: leaders %+v, want w2", got)
 	}
+}
+
+// testLease is node's heartbeat Lease in meshd-system, renewed at renew.
+func testLease(node, rv string, renew time.Time) *coordinationv1.Lease {
+	mt := metav1.NewMicroTime(renew)
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName(node), Namespace: "meshd-system", ResourceVersion: rv},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &mt}}
+}
+
+// syncedLeaseInformer is a synced Lease informer holding leases, running
+// until the test ends.
+func syncedLeaseInformer(t *testing.T, leases ...*coordinationv1.Lease) cache.SharedIndexInformer {
+	t.Helper()
+	objs := make([]runtime.Object, len(leases))
+	for i, l := range leases {
+		objs[i] = l
+	}
+	inf := informers.NewSharedInformerFactoryWithOptions(fake.NewClientset(objs...), 0, informers.WithNamespace("meshd-system")).
+		Coordination().V1().Leases().Informer()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go inf.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("Lease informer not synced")
+	}
+	return inf
 }
