@@ -241,14 +241,20 @@ func (w *LinkLiveness) leaseHandler(r *remoteLeases) cache.ResourceEventHandler 
 	}
 }
 
+// remote is the Lease watch of the cluster linked by the Secret
+// secretName, nil if there is none.
+func (w *LinkLiveness) remote(secretName string) *remoteLeases {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.remotes[secretName]
+}
+
 // Reachable reports whether the cluster linked by the Secret secretName
 // answers: false once a watch of its Leases failed (for another reason than
 // a missing permission), true once a Lease event arrived; known is false
 // before either happened.
 func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
-	w.mu.Lock()
-	r := w.remotes[secretName]
-	w.mu.Unlock()
+	r := w.remote(secretName)
 	if r == nil {
 		return false, false
 	}
@@ -266,9 +272,7 @@ func (w *LinkLiveness) Reachable(secretName string) (ok, known bool) {
 // stale on first sight (liveness.Liveness.StaleOnFirstSight): none was seen
 // dying since the Lease watch began.
 func (w *LinkLiveness) notSeenDying(secretName string, leaders []v1alpha1.ClusterLinkLeader, live map[string]bool) bool {
-	w.mu.Lock()
-	r := w.remotes[secretName]
-	w.mu.Unlock()
+	r := w.remote(secretName)
 	if r == nil {
 		return false
 	}
@@ -287,9 +291,7 @@ func (w *LinkLiveness) notSeenDying(secretName string, leaders []v1alpha1.Cluste
 // outage (every node's heartbeat failed during it): wait is how long until
 // it is settled. A cluster without a watch counts as settled.
 func (w *LinkLiveness) Settled(secretName string) (ok bool, wait time.Duration) {
-	w.mu.Lock()
-	r := w.remotes[secretName]
-	w.mu.Unlock()
+	r := w.remote(secretName)
 	if r == nil {
 		return true, 0
 	}
@@ -306,9 +308,7 @@ func (w *LinkLiveness) Settled(secretName string) (ok bool, wait time.Duration) 
 // Judge returns the RemotePeersLive judge of the cluster linked by the
 // Secret secretName; nil (every node live) until its Leases have synced.
 func (w *LinkLiveness) Judge(secretName string) RemoteJudge {
-	w.mu.Lock()
-	r := w.remotes[secretName]
-	w.mu.Unlock()
+	r := w.remote(secretName)
 	if r == nil || !r.leases.HasSynced() || len(r.leases.GetStore().ListKeys()) == 0 {
 		return nil
 	}
