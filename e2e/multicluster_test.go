@@ -613,8 +613,8 @@ func (s *scenario) link(b *mcBed) {
 	s.t.Helper()
 	s.admin(b, linkCmd)
 	s.startLinkControllers(b)
-	// The credentials in cluster 2's link Secret read cluster 1's Nodes and
-	// nothing else.
+	// The credentials in cluster 2's link Secret read cluster 1's Nodes, not
+	// its Secrets.
 	sec, err := b.c2.Kube.CoreV1().Secrets(testbed.LeaseNamespace).Get(s.ctx, clusterlink.LinkSecretPrefix+"cluster1", metav1.GetOptions{})
 	if err != nil {
 		s.t.Fatal(err)
@@ -625,6 +625,14 @@ func (s *scenario) link(b *mcBed) {
 	}
 	if _, err := kube.CoreV1().Secrets(testbed.LeaseNamespace).List(s.ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		s.t.Errorf("link credentials listing Secrets of cluster 1: %v, want Forbidden", err)
+	}
+	// The kube-system namespace, for its UID (the cluster's ID when it has
+	// no ClusterProperty, docs/mcs.md), and no other Namespace.
+	if ns, err := kube.CoreV1().Namespaces().Get(s.ctx, "kube-system", metav1.GetOptions{}); err != nil || ns.UID == "" {
+		s.t.Errorf("link credentials reading cluster 1's kube-system namespace: %v", err)
+	}
+	if _, err := kube.CoreV1().Namespaces().Get(s.ctx, testbed.LeaseNamespace, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		s.t.Errorf("link credentials reading cluster 1's %s namespace: %v, want Forbidden", testbed.LeaseNamespace, err)
 	}
 }
 

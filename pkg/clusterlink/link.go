@@ -339,8 +339,11 @@ func ensureLinkReader(ctx context.Context, k kubernetes.Interface, cluster, name
 			{APIGroups: []string{""}, Resources: []string{"nodes", "services"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"multicluster.x-k8s.io"}, Resources: []string{"serviceexports"}, Verbs: []string{"get", "list", "watch"}},
-			// The cluster's ID (ClusterProperty cluster.clusterset.k8s.io, docs/mcs.md).
+			// The cluster's ID (ClusterProperty cluster.clusterset.k8s.io, docs/mcs.md),
+			// else its default: the kube-system namespace UID, which a
+			// cluster without the ClusterProperty CRD uses unrecorded.
 			{APIGroups: []string{"about.k8s.io"}, Resources: []string{"clusterproperties"}, Verbs: []string{"get"}},
+			{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{"kube-system"}, Verbs: []string{"get"}},
 			// Heartbeat Leases: the linked cluster's leaders fail over (LinkLiveness).
 			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch"}},
 		},
