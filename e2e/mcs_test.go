@@ -141,8 +141,20 @@ func TestMultiClusterServices(t *testing.T) {
 	}
 	s.waitConditions(c1, "web", budgetConditions, map[string]string{"Valid": "True/Valid", "Ready": "True/Ready", "Conflict": "False/NoConflicts"})
 	t.Logf("ServiceExport conditions Valid, Ready, Conflict in cluster 1 %s after the export", time.Since(start).Round(time.Millisecond))
-	s.waitImportSlices(c2, "web", budgetSlices, map[string][]string{"": {srv1.IP.String()}})
+	imported := s.waitImportSlices(c2, "web", budgetSlices, map[string][]string{"": {srv1.IP.String()}})
 	t.Logf("EndpointSlices of web in cluster 2 (labelled service-name and source-cluster, not managed by the endpointslice controller) %s after the export", time.Since(start).Round(time.Millisecond))
+	// The source cluster is cluster 1's ID: its ClusterProperty, the same
+	// in both versions the CRD serves (v1beta1 stored, v1alpha1 read by the
+	// mirror).
+	id1 := s.clusterID(c1, "v1beta1")
+	if alpha := s.clusterID(c1, "v1alpha1"); id1 == "" || alpha != id1 {
+		t.Errorf("cluster 1's ClusterProperty %s: v1beta1 %q, v1alpha1 %q", mirror.ClusterIDProperty, id1, alpha)
+	}
+	for _, sl := range imported {
+		if got := sl.Labels[mirror.LabelSourceCluster]; got != id1 {
+			t.Errorf("slice %s in cluster 2: source cluster %q, want cluster 1's ID %q", sl.Name, got, id1)
+		}
+	}
 	si2 := s.getImport(c2, "web")
 	// IP families: the ServiceImport's and the derived Service's agree.
 	derived, err := c2.kube.CoreV1().Services(mcsNS).Get(ctx, si2.Annotations[mirror.AnnotationDerivedService], metav1.GetOptions{})
@@ -157,6 +169,7 @@ func TestMultiClusterServices(t *testing.T) {
 	start = time.Now()
 	s.httpEventually(client, url, text1, 60*time.Second)
 	t.Logf("a cluster 2 pod fetches the ClusterSetIP %s (kube-proxy -> cluster 1's pod over the mesh) %s after asking", url, time.Since(start).Round(time.Millisecond))
+	s.clustersetName(b.c2, b.two[0], si2, text1)
 
 	// 2. Cluster 2 exports web too (the HA case): one import, both
 	// clusters' endpoints. Then cluster 1's backends go away.
@@ -614,6 +627,57 @@ func (s *scenario) waitConditions(c mcsCluster, name string, budget time.Duratio
 		}
 		return nil
 	})
+}
+
+// clustersetName checks the import's name end to end in cluster c:
+// `meshd dns`, run on node as its manifest's ServiceAccount, answers
+// <name>.<ns>.svc.clusterset.local with the ClusterSetIP the mirror gave the
+// ServiceImport si, and a pod of node fetches want from the address of that
+// answer (through kube-proxy and the derived Service).
+func (s *scenario) clustersetName(c *testbed.Cluster, node *testbed.Node, si *mcsv1beta1.ServiceImport, want string) {
+	s.t.Helper()
+	var ip string
+	for _, a := range si.Spec.IPs {
+		if !strings.Contains(a, ":") {
+			ip = a
+			break
+		}
+	}
+	if ip == "" {
+		s.t.Fatalf("ServiceImport %s/%s has no IPv4 ClusterSetIP: %v", si.Namespace, si.Name, si.Spec.IPs)
+	}
+	manifest := filepath.Join(tb.RepoRoot, "manifests", "components", "mcs-dns", "mcs-dns.yaml")
+	if out, err := c.Kubectl(s.ctx, "apply", "-f", manifest); err != nil {
+		s.t.Fatalf("applying %s to cluster %s: %v\n%s", manifest, c.Name, err, out)
+	}
+	kc := s.serviceAccountKubeconfigIn(c.Kube, c.Kubeconfig, c.Token, c.Dir, "meshd-mcs-dns")
+	server := node.PodCIDR.Addr().Next().String() // the pods' gateway
+	proc, err := node.Start("mcs-dns", tb.MeshdBinary, "dns", "--kubeconfig", kc, "--listen", server+":53", "--metrics-listen", "127.0.0.1:9479")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer proc.Stop(5 * time.Second)
+	name := si.Name + "." + si.Namespace + ".svc.clusterset.local."
+	s.digEventually(pod(node), server, 30*time.Second, []string{name, "A"}, "NOERROR", name+" 5 A "+ip)
+	ans := s.dig(pod(node), server, name, "A")
+	url := fmt.Sprintf("http://%s:80/", strings.Fields(ans.answer[0])[3])
+	s.httpEventually(pod(node), url, want, 30*time.Second)
+	s.t.Logf("meshd dns in cluster %s answers %s with the ServiceImport's ClusterSetIP %s; a pod fetches %q from it", c.Name, name, ip, want)
+}
+
+// clusterID is c's ClusterProperty cluster.clusterset.k8s.io, read as
+// version.
+func (s *scenario) clusterID(c mcsCluster, version string) string {
+	s.t.Helper()
+	gvr := mirror.ClusterPropertyGVR
+	gvr.Version = version
+	u, err := c.dyn.Resource(gvr).Get(s.ctx, mirror.ClusterIDProperty, metav1.GetOptions{})
+	if err != nil {
+		s.t.Errorf("%s: reading ClusterProperty %s as %s: %v", c.name, mirror.ClusterIDProperty, version, err)
+		return ""
+	}
+	v, _, _ := unstructured.NestedString(u.Object, "spec", "value")
+	return v
 }
 
 // waitImportSlices waits until the imported slices of name in c hold

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -62,15 +63,39 @@ func TestMCSCRDsAreUpstream(t *testing.T) {
 	}
 }
 
+// TestClusterPropertyCRD: the About API's shape (sigs.k8s.io/about-api):
+// cluster-scoped, v1beta1 stored with a status subresource, v1alpha1 (what
+// meshd reads) still served, both with a required string spec.value and
+// the same schema for spec, so the API server converts without a webhook.
 func TestClusterPropertyCRD(t *testing.T) {
 	crd, _ := readCRD(t, "about.k8s.io_clusterproperties.yaml")
 	s := crd.Spec
 	if crd.Name != ClusterPropertyGVR.Resource+"."+ClusterPropertyGVR.Group || s.Scope != apiextensionsv1.ClusterScoped ||
-		s.Names.Kind != ClusterPropertyKind || len(s.Versions) != 1 || s.Versions[0].Name != ClusterPropertyGVR.Version {
+		s.Names.Kind != ClusterPropertyKind || len(s.Versions) != 2 {
 		t.Fatalf("ClusterProperty CRD %s %+v", crd.Name, s)
 	}
-	spec := s.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"]
-	if spec.Properties["value"].Type != "string" || len(spec.Required) != 1 || spec.Required[0] != "value" {
-		t.Errorf("spec %+v, want a required string value", spec)
+	if s.Conversion != nil && s.Conversion.Strategy != apiextensionsv1.NoneConverter {
+		t.Errorf("conversion %+v, want none", s.Conversion)
+	}
+	versions := map[string]apiextensionsv1.CustomResourceDefinitionVersion{}
+	for _, v := range s.Versions {
+		versions[v.Name] = v
+	}
+	if v := versions["v1beta1"]; !v.Served || !v.Storage || v.Subresources == nil || v.Subresources.Status == nil {
+		t.Errorf("v1beta1 %+v, want served, stored, with status", v)
+	}
+	if v := versions[ClusterPropertyGVR.Version]; ClusterPropertyGVR.Version != "v1alpha1" || !v.Served || v.Storage {
+		t.Errorf("meshd reads %s: served %v, stored %v; want v1alpha1, served", ClusterPropertyGVR, v.Served, v.Storage)
+	}
+	var specs []apiextensionsv1.JSONSchemaProps
+	for _, v := range s.Versions {
+		spec := v.Schema.OpenAPIV3Schema.Properties["spec"]
+		if spec.Properties["value"].Type != "string" || len(spec.Required) != 1 || spec.Required[0] != "value" {
+			t.Errorf("%s: spec %+v, want a required string value", v.Name, spec)
+		}
+		specs = append(specs, spec)
+	}
+	if len(specs) == 2 && !reflect.DeepEqual(specs[0], specs[1]) {
+		t.Errorf("the versions' spec schemas differ: %+v and %+v", specs[0], specs[1])
 	}
 }
