@@ -75,8 +75,10 @@ func (c *linkConfig) validate() error {
 	if c.LeaseName == "" {
 		errs = append(errs, errors.New("--lease-name is empty"))
 	}
-	if c.LeaseDuration <= 0 {
-		errs = append(errs, fmt.Errorf("--lease-duration %s: want a positive duration", c.LeaseDuration))
+	if c.LeaseDuration < minLeaseDuration || c.LeaseDuration > maxLeaseDuration {
+		// The linked clusters' meshd --lease-duration, which meshd accepts
+		// only in this range.
+		errs = append(errs, fmt.Errorf("--lease-duration %s: want %s to %s, the linked clusters' meshd --lease-duration", c.LeaseDuration, minLeaseDuration, maxLeaseDuration))
 	}
 	if c.TakeoverDelay < 0 {
 		errs = append(errs, fmt.Errorf("--takeover-delay %s: must not be negative", c.TakeoverDelay))
