@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// chartHelm is the helm that hack/helm.sh builds (`make charts`), or "" when
+// it has not been built: this test builds nothing.
+func chartHelm(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("MESHD_CACHE")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(home, ".cache", "meshd")
+	}
+	helm := filepath.Join(dir, "bin", "helm")
+	if _, err := os.Stat(helm); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no helm at %s: `make test` runs `make charts` first", helm)
+		}
+		t.Skipf("no helm at %s (`make charts` builds it)", helm)
+	}
+	return helm
+}
+
+// TestChartArgs renders the Helm chart, with its defaults and with every
+// component on, and checks the args of every meshd container parse with that
+// subcommand's real flag set and validate, as TestManifestArgsParse and
+// TestSubcommandManifestArgs do for manifests/. It also checks the values
+// that set flags (logLevel, logFormat) reach every meshd container, and
+// maxUnavailable the DaemonSet.
+func TestChartArgs(t *testing.T) {
+	helm := chartHelm(t)
+	chart := filepath.Join("..", "..", "charts", "meshd")
+	all := []string{"--set", "userspaceSidecar=true,mirror.enabled=true,mcsDNS.enabled=true,clusterLinks.enabled=true",
+		"--set", "logLevel=debug,logFormat=json,maxUnavailable=3"}
+	for _, tc := range []struct {
+		name string
+		set  []string
+		// want: args every meshd container has; maxUnavailable: the DaemonSet's.
+		want           []string
+		maxUnavailable string
+		// containers: how many meshd containers at least.
+		containers int
+	}{
+		{"defaults", nil, []string{"--log-level=info", "--log-format=text"}, "1", 2},
+		{"every component", all, []string{"--log-level=debug", "--log-format=json"}, "3", 5},
+		{"updateStrategy.maxUnavailable", []string{"--set", "updateStrategy.maxUnavailable=10%"}, nil, "10%", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "meshd", chart, "-n", "meshd-system", "--kube-version", "v1.36.3"}, tc.set...)
+			var stderr bytes.Buffer
+			cmd := exec.Command(helm, args...)
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+			}
+			containers := 0
+			for _, doc := range strings.Split(string(out), "\n---") {
+				var obj map[string]any
+				if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+					t.Fatal(err)
+				}
+				if obj["kind"] == "DaemonSet" {
+					if got := fieldAt(obj, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable"); got != tc.maxUnavailable {
+						t.Errorf("DaemonSet maxUnavailable %q, want %q", got, tc.maxUnavailable)
+					}
+				}
+				var daemon, device [][]string
+				walkArgs(obj, &daemon, &device)
+				for _, a := range daemon {
+					containers++
+					checkArgs(t, "meshd", a, tc.want)
+					var c config
+					if err := newFlagSet(&c).Parse(a); err != nil {
+						t.Errorf("chart args %q: %v", a, err)
+						continue
+					}
+					c.Hostname = "node-1"
+					if _, err := c.options(); err != nil {
+						t.Errorf("chart args %q: %v", a, err)
+					}
+				}
+				for _, a := range device {
+					containers++
+					checkArgs(t, "meshd device", a, tc.want)
+					var dc deviceConfig
+					if err := newDeviceFlagSet(&dc).Parse(a); err != nil {
+						t.Errorf("chart device args %q: %v", a, err)
+					}
+				}
+				for _, sc := range clusterSubcommands {
+					for _, a := range subcommandArgs(obj, sc.name) {
+						containers++
+						checkArgs(t, "meshd "+sc.name, a, tc.want)
+						fs, validate := sc.flags()
+						if err := fs.Parse(a); err != nil {
+							t.Errorf("chart %s args %q: %v", sc.name, a, err)
+						} else if sc.validateManifest {
+							if err := validate(); err != nil {
+								t.Errorf("chart %s args %q: %v", sc.name, a, err)
+							}
+						}
+					}
+				}
+			}
+			if containers < tc.containers {
+				t.Errorf("%d meshd containers, want at least %d", containers, tc.containers)
+			}
+		})
+	}
+}
+
+func checkArgs(t *testing.T, what string, args, want []string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.Contains(args, w) {
+			t.Errorf("%s args %q lack %s", what, args, w)
+		}
+	}
+}
+
+// fieldAt is obj's value at path, printed ("" when there is none).
+func fieldAt(obj map[string]any, path ...string) string {
+	var v any = obj
+	for _, p := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		v = m[p]
+	}
+	if v == nil {
+		return ""
+	}
+	return fmt.Sprint(v)
+}
