@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	mcscrd "sigs.k8s.io/mcs-api/config/crd"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
@@ -392,21 +393,28 @@ func (s *scenario) mcsDNSCleanup() {
 // ServiceAccount sa of meshd-system instead of the admin's.
 func (s *scenario) serviceAccountKubeconfig(sa string) string {
 	s.t.Helper()
+	return s.serviceAccountKubeconfigIn(tb.Kube, tb.Kubeconfig, tb.Token, tb.Dir, sa)
+}
+
+// serviceAccountKubeconfigIn is serviceAccountKubeconfig for the cluster of
+// kube, whose admin kubeconfig (file) holds token; the file goes into dir.
+func (s *scenario) serviceAccountKubeconfigIn(kube kubernetes.Interface, kubeconfig, token, dir, sa string) string {
+	s.t.Helper()
 	exp := int64(3600)
-	tr, err := tb.Kube.CoreV1().ServiceAccounts(testbed.LeaseNamespace).CreateToken(s.ctx, sa,
+	tr, err := kube.CoreV1().ServiceAccounts(testbed.LeaseNamespace).CreateToken(s.ctx, sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	if err != nil {
 		s.t.Fatalf("token of ServiceAccount %s: %v", sa, err)
 	}
-	admin, err := os.ReadFile(tb.Kubeconfig)
+	admin, err := os.ReadFile(kubeconfig)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	kc := strings.Replace(string(admin), "user: {token: "+tb.Token+"}", "user: {token: "+tr.Status.Token+"}", 1)
+	kc := strings.Replace(string(admin), "user: {token: "+token+"}", "user: {token: "+tr.Status.Token+"}", 1)
 	if kc == string(admin) {
-		s.t.Fatalf("%s: no admin token to replace", tb.Kubeconfig)
+		s.t.Fatalf("%s: no admin token to replace", kubeconfig)
 	}
-	path := filepath.Join(tb.Dir, sa+".kubeconfig")
+	path := filepath.Join(dir, sa+".kubeconfig")
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		s.t.Fatal(err)
 	}

@@ -146,6 +146,9 @@ func TestKeyRotation(t *testing.T) {
 	if obj.Annotations[convert.AnnotationRotatedKey] == "" || obj.Annotations[convert.AnnotationRotatedKey] != obj.Annotations[convert.AnnotationRotateKey] {
 		t.Errorf("a1 does not record the request as done: %v", obj.Annotations)
 	}
+	// Neither the old private key nor the new one (read from the key file)
+	// is in any log, Event, annotation, metric or meshctl's output.
+	s.assertNoKeyLeaked([]string{string(oldFile)}, out)
 }
 
 // TestPresharedKeyRotation (issue 13): the preshared key Secret of an
@@ -282,6 +285,7 @@ func TestPresharedKeyRotation(t *testing.T) {
 		}
 		return nil
 	})
+	s.assertNoKeyLeaked([]string{psk, psk2})
 }
 
 // TestKeyRotationResumesAfterRestart (issue 13): meshd on n1 (its WireGuard
@@ -306,6 +310,10 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 	s.pingEventually(pod(n2), pod(n1).IP, 60*time.Second)
 	s.pingEventually(pod(n1), pod(n2).IP, 10*time.Second)
 	oldKey := s.pubKey(n1)
+	oldFile, err := os.ReadFile(filepath.Join(n1.Dir, "state", "private-key"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	pingStart := time.Now()
 	pings := map[string]*pingRun{
@@ -376,4 +384,5 @@ func TestKeyRotationResumesAfterRestart(t *testing.T) {
 	if d, err := n1.WG(ctx, "meshd0"); err != nil || d.PublicKey != next.PublicKey().String() {
 		t.Errorf("n1's device key is not the next key (%v)", err)
 	}
+	s.assertNoKeyLeaked([]string{string(oldFile)})
 }

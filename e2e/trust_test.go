@@ -485,10 +485,11 @@ func TestLinkTrust(t *testing.T) {
 }
 
 // assertNoKeyLeaked fails the test if any node's WireGuard private key (or a
-// preshared key in psks), base64 or hex, appears in a meshd log, an Event or
-// a Node annotation of the testbed's clusters, a node's metrics, or one of
-// outputs (meshctl output of the run). It returns how many places it read.
-func (s *scenario) assertNoKeyLeaked(psks []string, outputs ...string) int {
+// key in keys: preshared keys, private keys rotated away), base64 or hex,
+// appears in a meshd log, an Event or a Node annotation of the testbed's
+// clusters, a node's metrics, or one of outputs (meshctl output of the run).
+// It returns how many places it read.
+func (s *scenario) assertNoKeyLeaked(keys []string, outputs ...string) int {
 	t := s.t
 	t.Helper()
 	secrets := map[string]string{} // encoded form -> what
@@ -507,8 +508,8 @@ func (s *scenario) assertNoKeyLeaked(psks []string, outputs ...string) int {
 		}
 		addKey("the private key of "+n.Name, string(b))
 	}
-	for i, p := range psks {
-		addKey(fmt.Sprintf("preshared key %d", i), p)
+	for i, k := range keys {
+		addKey(fmt.Sprintf("secret key %d of the test", i), k)
 	}
 	if len(secrets) == 0 {
 		t.Fatal("no private key found to look for")
