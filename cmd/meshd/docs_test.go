@@ -164,22 +164,34 @@ func TestManifestArgsParse(t *testing.T) {
 		t.Fatalf("found no meshd arguments in manifests/ (daemon %d, device %d)", len(daemon), len(device))
 	}
 	for _, args := range daemon {
-		var c config
-		fs := newFlagSet(&c)
-		if err := fs.Parse(args); err != nil {
-			t.Errorf("manifest args %q: %v", args, err)
-			continue
-		}
-		c.Hostname = "node-1"
-		if _, err := c.options(); err != nil {
-			t.Errorf("manifest args %q: %v", args, err)
-		}
+		checkDaemonArgs(t, "manifest", args)
 	}
 	for _, args := range device {
-		var dc deviceConfig
-		if err := newDeviceFlagSet(&dc).Parse(args); err != nil {
-			t.Errorf("device args %q: %v", args, err)
-		}
+		checkDeviceArgs(t, "manifest", args)
+	}
+}
+
+// checkDaemonArgs: the node daemon's args (from where) parse with meshd's
+// real flag set and give valid options.
+func checkDaemonArgs(t *testing.T, where string, args []string) {
+	t.Helper()
+	var c config
+	if err := newFlagSet(&c).Parse(args); err != nil {
+		t.Errorf("%s args %q: %v", where, args, err)
+		return
+	}
+	c.Hostname = "node-1"
+	if _, err := c.options(); err != nil {
+		t.Errorf("%s args %q: %v", where, args, err)
+	}
+}
+
+// checkDeviceArgs: `meshd device` args (from where) parse.
+func checkDeviceArgs(t *testing.T, where string, args []string) {
+	t.Helper()
+	var dc deviceConfig
+	if err := newDeviceFlagSet(&dc).Parse(args); err != nil {
+		t.Errorf("%s device args %q: %v", where, args, err)
 	}
 }
 

@@ -12,9 +12,9 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// clusterSubcommands are the cluster-wide subcommands, for the tests all of
-// them pass alike.
-var clusterSubcommands = []struct {
+// clusterSubcommand is a cluster-wide subcommand, for the tests all of them
+// pass alike.
+type clusterSubcommand struct {
 	name string
 	// flags returns the subcommand's flag set over a fresh config, and the
 	// config's validate.
@@ -25,7 +25,10 @@ var clusterSubcommands = []struct {
 	// validate here too (not when they name files mounted in the Pod).
 	manifest         string
 	validateManifest bool
-}{
+}
+
+// clusterSubcommands are the cluster-wide subcommands.
+var clusterSubcommands = []clusterSubcommand{
 	{
 		name:  "dns",
 		flags: func() (*pflag.FlagSet, func() error) { var c dnsConfig; return newDNSFlagSet(&c), c.validate },
@@ -41,6 +44,20 @@ var clusterSubcommands = []struct {
 		flags:    func() (*pflag.FlagSet, func() error) { var c linkConfig; return newLinkFlagSet(&c), c.validate },
 		manifest: "manifests/link.yaml", validateManifest: true,
 	},
+}
+
+// checkArgs: the subcommand's args (from where) parse with its flag set,
+// and validate unless they name files mounted in the Pod.
+func (sc clusterSubcommand) checkArgs(t *testing.T, where string, args []string) {
+	t.Helper()
+	fs, validate := sc.flags()
+	if err := fs.Parse(args); err != nil {
+		t.Errorf("%s %s args %q: %v", where, sc.name, args, err)
+	} else if sc.validateManifest {
+		if err := validate(); err != nil {
+			t.Errorf("%s %s args %q: %v", where, sc.name, args, err)
+		}
+	}
 }
 
 // TestSubcommandHelp: `meshd <subcommand> --help` exits 0 and documents
@@ -131,14 +148,7 @@ func TestSubcommandManifestArgs(t *testing.T) {
 				}
 				for _, args := range subcommandArgs(obj, sc.name) {
 					found++
-					fs, validate := sc.flags()
-					if err := fs.Parse(args); err != nil {
-						t.Errorf("%s args %q: %v", sc.name, args, err)
-					} else if sc.validateManifest {
-						if err := validate(); err != nil {
-							t.Errorf("%s args %q: %v", sc.name, args, err)
-						}
-					}
+					sc.checkArgs(t, "manifest", args)
 				}
 			}
 			if found == 0 {
