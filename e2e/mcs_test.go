@@ -652,26 +652,8 @@ func (s *scenario) clustersetName(c *testbed.Cluster, node *testbed.Node, si *mc
 	}
 	kc := s.serviceAccountKubeconfigIn(c.Kube, c.Kubeconfig, c.Token, c.Dir, "meshd-mcs-dns")
 	server := node.PodCIDR.Addr().Next().String() // the pods' gateway
-	proc, err := node.Start("mcs-dns", tb.MeshdBinary, "dns", "--kubeconfig", kc, "--listen", server+":53", "--metrics-listen", "127.0.0.1:9479")
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	proc := s.startMCSDNS(node, kc, server)
 	defer proc.Stop(5 * time.Second)
-	defer func() {
-		if s.t.Failed() || os.Getenv("E2E_DIAG") != "" {
-			s.t.Logf("----- meshd dns log on %s (last 30 lines)\n%s", node.Name, testbed.Tail(proc.LogPath, 30))
-		}
-	}()
-	s.eventually(30*time.Second, 100*time.Millisecond, "meshd dns /readyz", func() error {
-		if proc.Exited() {
-			return fmt.Errorf("meshd dns exited: %v\n%s", proc.Err(), testbed.Tail(proc.LogPath, 20))
-		}
-		code, body, err := node.HTTPGet(s.ctx, "http://127.0.0.1:9479/readyz")
-		if err != nil || code != 200 {
-			return fmt.Errorf("/readyz: %d %q %v", code, body, err)
-		}
-		return nil
-	})
 	name := si.Name + "." + si.Namespace + ".svc.clusterset.local."
 	s.digEventually(pod(node), server, 30*time.Second, []string{name, "A"}, "NOERROR", name+" 5 A "+ip)
 	ans := s.dig(pod(node), server, name, "A")

@@ -69,26 +69,8 @@ func TestMCSDNS(t *testing.T) {
 	kc := s.serviceAccountKubeconfig("meshd-mcs-dns")
 	dnsIP := n.PodCIDR.Addr().Next() // cni0 of the node: the pod's gateway
 	server := dnsIP.String()
-	proc, err := n.Start("mcs-dns", tb.MeshdBinary, "dns", "--kubeconfig", kc, "--listen", server+":53", "--metrics-listen", "127.0.0.1:9479", "--log-level", "debug")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("E2E_DIAG") != "" {
-			t.Logf("----- meshd dns log (last 60 lines)\n%s", testbed.Tail(proc.LogPath, 60))
-		}
-	})
 	start := time.Now()
-	s.eventually(30*time.Second, 100*time.Millisecond, "meshd dns /readyz", func() error {
-		if proc.Exited() {
-			return fmt.Errorf("meshd dns exited: %v\n%s", proc.Err(), testbed.Tail(proc.LogPath, 20))
-		}
-		code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:9479/readyz")
-		if err != nil || code != 200 {
-			return fmt.Errorf("/readyz: %d %q %v", code, body, err)
-		}
-		return nil
-	})
+	proc := s.startMCSDNS(n, kc, server, "--log-level", "debug")
 	t.Logf("meshd dns ready (caches synced) %s after start", time.Since(start).Round(time.Millisecond))
 	dig := func(args ...string) digResult { return s.dig(client, server, args...) }
 
@@ -387,6 +369,34 @@ func (s *scenario) mcsDNSCleanup() {
 	defer cancel()
 	_ = tb.Dynamic.Resource(mcsdns.ServiceImportGVR).Namespace(mcsDNSNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	_ = tb.Kube.DiscoveryV1().EndpointSlices(mcsDNSNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: mcsv1beta1.LabelServiceName})
+}
+
+// startMCSDNS starts `meshd dns` on node with kubeconfig, answering on
+// server:53 (metrics on 127.0.0.1:9479), and waits until it is ready (its
+// caches synced). Its log is printed when the test fails.
+func (s *scenario) startMCSDNS(node *testbed.Node, kubeconfig, server string, args ...string) *testbed.Proc {
+	s.t.Helper()
+	argv := append([]string{"dns", "--kubeconfig", kubeconfig, "--listen", server + ":53", "--metrics-listen", "127.0.0.1:9479"}, args...)
+	proc, err := node.Start("mcs-dns", append([]string{tb.MeshdBinary}, argv...)...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		if s.t.Failed() || os.Getenv("E2E_DIAG") != "" {
+			s.t.Logf("----- meshd dns log on %s (last 60 lines)\n%s", node.Name, testbed.Tail(proc.LogPath, 60))
+		}
+	})
+	s.eventually(30*time.Second, 100*time.Millisecond, "meshd dns /readyz", func() error {
+		if proc.Exited() {
+			return fmt.Errorf("meshd dns exited: %v\n%s", proc.Err(), testbed.Tail(proc.LogPath, 20))
+		}
+		code, body, err := node.HTTPGet(s.ctx, "http://127.0.0.1:9479/readyz")
+		if err != nil || code != 200 {
+			return fmt.Errorf("/readyz: %d %q %v", code, body, err)
+		}
+		return nil
+	})
+	return proc
 }
 
 // serviceAccountKubeconfig is the admin kubeconfig with a token of the
