@@ -5,7 +5,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -216,17 +215,9 @@ func (s *scenario) restartUnderPing(node *testbed.Node, from, to *testbed.Pod) (
 	}
 	// Count up to the last answered ping: SIGINT ends ping with the echo it
 	// sent last still in flight, which its statistics count as lost.
-	out, err := os.ReadFile(p.LogPath)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	answered := map[int]bool{}
-	for _, line := range strings.Split(string(out), "\n") {
-		if m := replySeq.FindStringSubmatch(line); m != nil && strings.Contains(line, " bytes from ") {
-			n, _ := strconv.Atoi(m[1])
-			answered[n] = true
-			sent = max(sent, n)
-		}
+	answered := answeredSeqs(p.LogPath)
+	for n := range answered {
+		sent = max(sent, n)
 	}
 	lost = sent - len(answered)
 	if sent < 30 {

@@ -67,14 +67,20 @@ func (s *scenario) result(pg *pinger, timeout time.Duration) (sent, lost int) {
 
 var seqRE = regexp.MustCompile(`bytes from .* icmp_seq=(\d+)`)
 
-// lostRanges lists the sequence numbers without a reply as ranges.
-func lostRanges(log string, sent int) string {
+// answeredSeqs are the sequence numbers a ping's log shows a reply to.
+func answeredSeqs(log string) map[int]bool {
 	b, _ := os.ReadFile(log)
 	got := map[int]bool{}
 	for _, m := range seqRE.FindAllStringSubmatch(string(b), -1) {
 		n, _ := strconv.Atoi(m[1])
 		got[n] = true
 	}
+	return got
+}
+
+// lostRanges lists the sequence numbers without a reply as ranges.
+func lostRanges(log string, sent int) string {
+	got := answeredSeqs(log)
 	var out []string
 	for i := 1; i <= sent; i++ {
 		if got[i] {
