@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -75,7 +76,8 @@ func TestChartArgs(t *testing.T) {
 					t.Fatal(err)
 				}
 				if obj["kind"] == "DaemonSet" {
-					if got := fieldAt(obj, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable"); got != tc.maxUnavailable {
+					v, _, _ := unstructured.NestedFieldNoCopy(obj, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable")
+					if got := fmt.Sprint(v); got != tc.maxUnavailable {
 						t.Errorf("DaemonSet maxUnavailable %q, want %q", got, tc.maxUnavailable)
 					}
 				}
@@ -114,20 +116,4 @@ func hasArgs(t *testing.T, what string, args, want []string) {
 			t.Errorf("%s args %q lack %s", what, args, w)
 		}
 	}
-}
-
-// fieldAt is obj's value at path, printed ("" when there is none).
-func fieldAt(obj map[string]any, path ...string) string {
-	var v any = obj
-	for _, p := range path {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return ""
-		}
-		v = m[p]
-	}
-	if v == nil {
-		return ""
-	}
-	return fmt.Sprint(v)
 }
