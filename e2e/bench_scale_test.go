@@ -73,8 +73,9 @@ import (
 // BENCH_MESHD (another meshd binary, e.g. an older build, to compare),
 // BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
-// directory: meshd runs with --debug-pprof and the benchmark saves a CPU
-// profile of n2 (or BENCH_PROFILE_NODE) over the steady window and every
+// directory: meshd runs with --debug-pprof and the benchmark saves CPU
+// profiles of n2 over the burst's first 15 s and of n2 (or
+// BENCH_PROFILE_NODE) over the steady window, and every
 // daemon's heap profile, mappings (smaps) and metrics at its end;
 // profiling adds a little CPU to that node).
 func TestBenchScale(t *testing.T) {
@@ -288,6 +289,13 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	r0 := s.reconciles(nodes)
 	t0 = time.Now()
 	created := make(chan error, 1)
+	burstProfiled := make(chan error, 1)
+	if cfg.profile != "" { // a CPU profile of n2 over the burst: what the daemons compete with the API server for
+		go func() {
+			burstProfiled <- benchProfile(ctx, nodes[1], "profile?seconds=15",
+				filepath.Join(cfg.profile, fmt.Sprintf("%s-%d-%s.burst.cpu.pprof", mode, cfg.nodes, nodes[1].Name)), time.Minute)
+		}()
+	}
 	var createdIn time.Duration
 	go func() {
 		err := tb.CreateFakeNodes(ctx, burst, 50)
@@ -302,6 +310,11 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		t.Fatal(err)
 	}
 	r1 := s.reconciles(nodes)
+	if cfg.profile != "" {
+		if err := <-burstProfiled; err != nil {
+			t.Errorf("CPU profile of the burst: %v", err)
+		}
+	}
 	var rs []string
 	for _, n := range nodes {
 		rs = append(rs, fmt.Sprintf("%s %d", n.Name, r1[n.Name]-r0[n.Name]))

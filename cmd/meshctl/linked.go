@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,7 +63,7 @@ func (e *env) linkedClusters(ctx context.Context, m *model) ([]linkedCluster, []
 	case err != nil:
 		return nil, []string{fmt.Sprintf("linked clusters not shown: listing link Secrets in namespace %s: %s", m.Set.leaseNamespace, shortError(err))}
 	}
-	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, convert.APIServerAddrs(c.Config)...) // meshctl knows no service CIDR
+	local := mesh.LocalGuard(m.Opts, m.Input.Nodes, apiServerAddrs(ctx, c)...) // meshctl knows no service CIDR
 	newRemote := e.remoteClients
 	if newRemote == nil {
 		newRemote = remoteClientsFromKubeconfig
@@ -164,4 +166,17 @@ func clusterLinkStateOf(cl *v1alpha1.ClusterLink) clusterLinkState {
 		}
 	}
 	return st
+}
+
+// apiServerAddrs are the API server's addresses as the nodes protect them:
+// the one meshctl dials, when an IP, and the endpoints of the EndpointSlice
+// default/kubernetes (read live; not being allowed to read it leaves the
+// first).
+func apiServerAddrs(ctx context.Context, c *connect.Clients) []netip.Addr {
+	addrs := convert.APIServerAddrs(c.Config)
+	es, err := c.Kube.DiscoveryV1().EndpointSlices(convert.APIServerEndpointSliceNamespace).Get(ctx, convert.APIServerEndpointSliceName, metav1.GetOptions{})
+	if err != nil {
+		return addrs
+	}
+	return append(addrs, convert.APIServerEndpoints([]*discoveryv1.EndpointSlice{es})...)
 }

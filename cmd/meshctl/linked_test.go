@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -172,5 +173,24 @@ func TestStatusShowsClusterLinks(t *testing.T) {
 	r = runMeshctlWith(t, kube, md2, nil, "status")
 	if strings.Contains(r.stdout, "CLUSTER LINKS") || strings.Contains(r.stderr, "cluster links") {
 		t.Errorf("cluster links shown without the CRD:\nstdout %s\nstderr %s", r.stdout, r.stderr)
+	}
+}
+
+// TestAPIServerAddrs: meshctl protects the API server as the nodes do, the
+// address it dials and the endpoints of the EndpointSlice default/kubernetes;
+// without the slice (or the right to read it), the first alone.
+func TestAPIServerAddrs(t *testing.T) {
+	cfg := &rest.Config{Host: "https://10.96.0.1:443"}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: "kubernetes"},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"203.0.113.2"}}},
+	}
+	ctx := context.Background()
+	if got := fmt.Sprint(apiServerAddrs(ctx, &connect.Clients{Kube: kubefake.NewClientset(slice), Config: cfg})); got != "[10.96.0.1 203.0.113.2]" {
+		t.Errorf("with the slice: %s", got)
+	}
+	if got := fmt.Sprint(apiServerAddrs(ctx, &connect.Clients{Kube: kubefake.NewClientset(), Config: cfg})); got != "[10.96.0.1]" {
+		t.Errorf("without the slice: %s", got)
 	}
 }

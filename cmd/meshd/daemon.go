@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/run"
@@ -64,11 +65,16 @@ type daemon struct {
 	nodes, peers cache.SharedIndexInformer
 	leases       *leaseWatch               // the heartbeat Leases this node needs (leases.go)
 	secrets      cache.SharedIndexInformer // Peer preshared keys
-	dns          *dnscache.Resolver
-	queue        workqueue.TypedRateLimitingInterface[string]
-	coalesce     *coalescer
-	routes       *route.Manager
-	device       *wg.Manager
+	// apiServerSlices caches the EndpointSlice default/kubernetes (the API
+	// server's own addresses, apiserver.go); unavailable when it may not
+	// be read.
+	apiServerSlices            cache.SharedIndexInformer
+	apiServerSlicesUnavailable atomic.Bool
+	dns                        *dnscache.Resolver
+	queue                      workqueue.TypedRateLimitingInterface[string]
+	coalesce                   *coalescer
+	routes                     *route.Manager
+	device                     *wg.Manager
 	// clusterLinks caches the ClusterLinks the link controller writes
 	// (nil: --cluster-links=false). Nodes hold no link credentials.
 	clusterLinks cache.SharedIndexInformer
@@ -230,15 +236,23 @@ func (d *daemon) newSources() (sources, error) {
 	// read Secrets in; never from a live read in the reconcile.
 	secretNS := c.PeerSecretNamespace
 	d.secrets = informers.NewSharedInformerFactoryWithOptions(clients.Kube, noInformerResync, informers.WithNamespace(secretNS)).Core().V1().Secrets().Informer()
+	d.apiServerSlices = newAPIServerSlices(clients.Kube)
+	if err := setTransform(d.apiServerSlices, convert.DropManagedFields); err != nil {
+		return sources{}, err
+	}
+	if err := d.apiServerSlices.SetWatchErrorHandlerWithContext(d.apiServerSlicesError); err != nil {
+		return sources{}, err
+	}
 	d.dns = dnscache.NewResolver(dnscache.ResolverOptions{OnChange: d.enqueue, Logger: log})
 	src := sources{
-		nodeLister: d.nodes.GetStore(),
-		peerLister: d.peers.GetStore(),
-		secrets:    secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup,
-		dns:        d.dns.Lookup,
-		liveness:   liveness.NewLiveness(c.LeaseDuration, time.Now),
-		freeze:     newLiveFreeze(log, c.LeaseDuration, time.Now()),
-		apiServers: convert.APIServerAddrs(clients.Config),
+		nodeLister:      d.nodes.GetStore(),
+		peerLister:      d.peers.GetStore(),
+		secrets:         secrets.NewPresharedKeys(d.secrets.GetStore(), secretNS).Lookup,
+		dns:             d.dns.Lookup,
+		liveness:        liveness.NewLiveness(c.LeaseDuration, time.Now),
+		freeze:          newLiveFreeze(log, c.LeaseDuration, time.Now()),
+		apiServers:      convert.APIServerAddrs(clients.Config),
+		apiServerSlices: d.apiServerSlices.GetStore(),
 	}
 	src.liveness.SetTakeoverDelay(c.TakeoverDelay)
 	if c.ClusterLinks {
@@ -379,7 +393,7 @@ func (d *daemon) secretHandler() cache.ResourceEventHandler {
 
 // synced reports whether every local cache has synced.
 func (d *daemon) synced() bool {
-	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.synced() && d.secrets.HasSynced()
+	return d.nodes.HasSynced() && d.peers.HasSynced() && d.leases.synced() && d.secrets.HasSynced() && d.apiServerSlicesSynced()
 }
 
 // Run runs until ctx ends. Kernel state is left in place on return.
@@ -387,7 +401,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	for _, inf := range []struct {
 		i cache.SharedIndexInformer
 		h cache.ResourceEventHandler
-	}{{d.nodes, d.nodeHandler()}, {d.peers, d.handler()}, {d.secrets, d.secretHandler()}} {
+	}{{d.nodes, d.nodeHandler()}, {d.peers, d.handler()}, {d.secrets, d.secretHandler()}, {d.apiServerSlices, d.apiServerSlicesHandler()}} {
 		if _, err := inf.i.AddEventHandler(inf.h); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}
@@ -400,6 +414,7 @@ func (d *daemon) Run(ctx context.Context) error {
 		go d.peers.RunWithContext(ictx)
 		go d.leases.Run(ictx)
 		go d.secrets.RunWithContext(ictx)
+		go d.apiServerSlices.RunWithContext(ictx)
 		<-ictx.Done()
 		return nil
 	})

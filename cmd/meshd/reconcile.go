@@ -15,6 +15,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -126,6 +127,9 @@ func (r *reconciler) sinceLastAttempt() time.Duration {
 type snapshot struct {
 	nodes []*corev1.Node
 	peers []*v1alpha1.Peer
+	// apiServers are the API server's addresses (sources.apiServers and
+	// the endpoints of the kubernetes Service's EndpointSlice).
+	apiServers []netip.Addr
 }
 
 func (r *reconciler) snapshot() snapshot {
@@ -140,7 +144,28 @@ func (r *reconciler) snapshot() snapshot {
 			s.peers = append(s.peers, p)
 		}
 	}
+	s.apiServers = r.apiServerAddrs()
 	return s
+}
+
+// apiServerAddrs are the addresses meshd dials and the endpoints of the
+// kubernetes Service's EndpointSlice in the cache (convert.APIServerEndpoints),
+// sorted, once each.
+func (r *reconciler) apiServerAddrs() []netip.Addr {
+	if r.apiServerSlices == nil {
+		return r.apiServers
+	}
+	var eps []*discoveryv1.EndpointSlice
+	for _, o := range r.apiServerSlices.List() {
+		// The informer lists that one object; a filter as well, for a cache
+		// (or a fake) that holds more.
+		if e, ok := o.(*discoveryv1.EndpointSlice); ok && e.Namespace == convert.APIServerEndpointSliceNamespace && e.Name == convert.APIServerEndpointSliceName {
+			eps = append(eps, e)
+		}
+	}
+	all := slices.Concat(r.apiServers, convert.APIServerEndpoints(eps))
+	slices.SortFunc(all, netip.Addr.Compare)
+	return slices.Compact(all)
 }
 
 // reconcile makes the node equal to the plan for the current caches. A
@@ -255,7 +280,7 @@ func (r *reconciler) inputs(ctx context.Context, s snapshot) (inputs, error) {
 	if err != nil {
 		return inputs{}, err
 	}
-	in := inputs{self: self, nodes: nodes, objects: peers, remote: r.remotePeers(nodes)}
+	in := inputs{self: self, nodes: nodes, objects: peers, remote: r.remotePeers(nodes, s.apiServers)}
 	live := r.liveness.DecideCandidates(nodes, r.opts.Granularity, r.leaderCandidates)
 	in.candidates, in.judged = live.Candidates, make(map[string]bool, len(live.Live))
 	for n := range live.Live {
@@ -304,7 +329,7 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 		Secret: r.secrets,
 		Cached: r.dns,
 		// No Peer may route the API server (nor a node's address or endpoint).
-		APIServers: r.apiServers,
+		APIServers: s.apiServers,
 	})
 	var self *corev1.Node
 	seen := make(map[string]bool, len(s.nodes)+len(s.peers))
@@ -376,7 +401,7 @@ func preferV4(as []netip.Addr) netip.Addr {
 // the cluster keeps its last known peers (persisted with the plan). Only
 // deleting the ClusterLink (the controller does when the link Secret goes)
 // removes them.
-func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
+func (r *reconciler) remotePeers(nodes []mesh.Node, apiServers []netip.Addr) []mesh.Peer {
 	if r.links == nil {
 		return nil
 	}
@@ -392,7 +417,7 @@ func (r *reconciler) remotePeers(nodes []mesh.Node) []mesh.Peer {
 		return peers
 	}
 	remotes := r.links.Snapshot()
-	guard := mesh.LocalGuard(r.opts, nodes, r.apiServers...)
+	guard := mesh.LocalGuard(r.opts, nodes, apiServers...)
 	var peers []mesh.Peer
 	stale := 0
 	defer func() { r.metrics.staleLinks.Set(float64(stale)) }()

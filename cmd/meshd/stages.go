@@ -41,8 +41,13 @@ type sources struct {
 	// while the API is unreachable (nil: off).
 	liveness *liveness.Liveness
 	freeze   *liveFreeze
-	// apiServers are addresses no linked cluster's range may cover.
-	apiServers []netip.Addr
+	// apiServers are the addresses of the API server meshd dials (its
+	// kubeconfig's, when an IP) and apiServerSlices the cache of the
+	// kubernetes Service's EndpointSlice (nil: none), whose endpoints are
+	// where that address leads in a Pod (the ClusterIP, through
+	// kube-proxy). No Peer and no linked cluster's range may cover either.
+	apiServers      []netip.Addr
+	apiServerSlices lister
 }
 
 // inputs are the planner's inputs of one reconcile, converted from a

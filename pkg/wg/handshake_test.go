@@ -364,3 +364,70 @@ func TestHandshakeCrossingCheck(t *testing.T) {
 		t.Fatalf("after a handshake only the session check may be due (in %s), got %s %v", sessionCheckEvery, due, ok)
 	}
 }
+
+// slowReads is a Client whose every read of the device takes cost on the
+// test's clock.
+type slowReads struct {
+	*FakeClient
+	clock *time.Time
+	cost  time.Duration
+	reads int
+}
+
+func (c *slowReads) Device(name string) (*wgtypes.Device, error) {
+	c.reads++
+	*c.clock = c.clock.Add(c.cost)
+	return c.FakeClient.Device(name)
+}
+
+// TestHandshakeChecksSpacedByReadCost: the first-handshake checks read the
+// whole device, so after a read that took c the next check waits until
+// handshakeReadShare × c after it (at most handshakeReadGapMax), even when
+// a peer added meanwhile would have its crossing check due sooner; a read
+// that costs nothing changes no delay.
+func TestHandshakeChecksSpacedByReadCost(t *testing.T) {
+	for _, tc := range []struct {
+		cost time.Duration
+		gap  time.Duration // wanted wait after the read, 0: the peer's own delay
+	}{
+		{cost: 0},
+		{cost: 20 * time.Millisecond, gap: handshakeReadShare * 20 * time.Millisecond},
+		{cost: 100 * time.Millisecond, gap: handshakeReadGapMax},
+	} {
+		t.Run(tc.cost.String(), func(t *testing.T) {
+			low, high := keyPair(t)
+			clock := time.Unix(1000, 0)
+			d, fc, cfg := handshakeDevice(t, low, high, &clock)
+			c := &slowReads{FakeClient: fc, clock: &clock, cost: tc.cost}
+			d.client = c
+			due, ok := d.handshakeCheckDue()
+			if !ok || due != handshakeCrossedAfter {
+				t.Fatalf("before any read: want the crossing check due in %s, got %s %v", handshakeCrossedAfter, due, ok)
+			}
+			clock = clock.Add(due)
+			if err := d.retryHandshakes(); err != nil || c.reads != 1 {
+				t.Fatalf("the check must read the device once: %d reads (%v)", c.reads, err)
+			}
+			// A peer joins right after the read: its crossing check is
+			// due after its own delay, or after the read's gap if later.
+			third, _ := wgtypes.GeneratePrivateKey()
+			own := handshakeCrossedAfter
+			if compareKeys(low.PublicKey(), third.PublicKey()) > 0 {
+				own = handshakeCrossedAfterHigh
+			}
+			cfg.Peers = append(cfg.Peers, Peer{
+				PublicKey:  third.PublicKey(),
+				Endpoint:   net.UDPAddrFromAddrPort(netip.MustParseAddrPort("198.51.100.3:51820")),
+				AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.42.3.0/24")},
+			})
+			c.cost = 0 // Set reads the device too: keep the clock where the check left it
+			if err := d.Set(cfg); err != nil {
+				t.Fatal(err)
+			}
+			due, ok = d.handshakeCheckDue()
+			if want := max(own, tc.gap); !ok || due != want {
+				t.Fatalf("read cost %s: want the next check due in %s (its own delay %s, the read's gap %s), got %s %v", tc.cost, want, own, tc.gap, due, ok)
+			}
+		})
+	}
+}

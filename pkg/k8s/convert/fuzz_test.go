@@ -12,6 +12,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -402,4 +403,41 @@ func mustParseKey(t *testing.T, s string) wgtypes.Key {
 		t.Fatalf("accepted key %q does not parse: %v", s, err)
 	}
 	return k
+}
+
+// FuzzAPIServerEndpoints checks the reading of the kubernetes Service's
+// EndpointSlice (addresses separated by commas, in one IPv4 and one IPv6
+// slice): sorted, unique, zone-free addresses, each one an input address
+// that parses, and every such input address present.
+func FuzzAPIServerEndpoints(f *testing.F) {
+	for _, s := range []string{"203.0.113.2", "192.0.2.10,192.0.2.11,192.0.2.10", "2001:db8::2,::ffff:10.0.0.1", "fe80::1%eth0,", "nonsense,,1.2.3.4"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		addrs := strings.Split(s, ",")
+		got := APIServerEndpoints([]*discoveryv1.EndpointSlice{
+			{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: addrs}}},
+			{AddressType: discoveryv1.AddressTypeIPv6, Endpoints: []discoveryv1.Endpoint{{Addresses: addrs[len(addrs)/2:]}}},
+		})
+		want := map[netip.Addr]bool{}
+		for _, a := range addrs {
+			if ip, err := netip.ParseAddr(a); err == nil && ip.Zone() == "" {
+				want[ip.Unmap()] = true
+			}
+		}
+		for i, a := range got {
+			if !want[a] {
+				t.Fatalf("%q: %v is not an input address", s, a)
+			}
+			if a.Zone() != "" || a.Is4In6() {
+				t.Fatalf("%q: %v kept a zone or a mapping", s, a)
+			}
+			if i > 0 && got[i-1].Compare(a) >= 0 {
+				t.Fatalf("%q: %v not sorted and unique", s, got)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: got %v, want the %d input addresses", s, got, len(want))
+		}
+	})
 }
