@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
+	"meshd.io/meshd/internal/testlog"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 )
 
@@ -149,7 +148,7 @@ func TestAPIServerSlicesInformer(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			logs := &lockedBuffer{}
+			logs := &testlog.Buffer{}
 			d := &daemon{log: slog.New(slog.NewTextHandler(logs, nil)), apiServerSlices: newAPIServerSlices(kube)}
 			if err := d.apiServerSlices.SetWatchErrorHandlerWithContext(d.apiServerSlicesError); err != nil {
 				t.Fatal(err)
@@ -184,22 +183,4 @@ func TestAPIServerSlicesInformer(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuffer is a log destination that goroutines write while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -1,12 +1,10 @@
 package mirror
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,25 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"meshd.io/meshd/internal/testlog"
 )
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestLeaseNamespaceMissing: started where the Lease's namespace does not
 // exist, leader election waits, says so once (not once per retry), and
@@ -51,7 +33,7 @@ func TestLeaseNamespaceMissing(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	le := LeaderElection{Namespace: "meshd-missing", Name: "meshd-mirror", Identity: "a",
 		LeaseDuration: time.Second, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 20 * time.Millisecond}
@@ -102,7 +84,7 @@ func TestLeaseNamespaceMissing(t *testing.T) {
 // TestLeaseNamespacePresentSaysNothing: with the namespace there, nothing
 // about it is logged.
 func TestLeaseNamespacePresentSaysNothing(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	err := waitForLeaseNamespace(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), fake.NewClientset(),
 		LeaderElection{Namespace: "meshd-system", Name: "meshd-mirror"}, time.Millisecond)
 	if err != nil || logs.String() != "" {
@@ -118,7 +100,7 @@ func TestLeaseNamespaceOtherErrorsProceed(t *testing.T) {
 	kube.PrependReactor("create", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "meshd-mirror", errors.New("no"))
 	})
-	var logs syncBuffer
+	var logs testlog.Buffer
 	err := waitForLeaseNamespace(context.Background(), slog.New(slog.NewTextHandler(&logs, nil)), kube,
 		LeaderElection{Namespace: "meshd-system", Name: "meshd-mirror"}, time.Hour)
 	if err != nil || logs.String() != "" {

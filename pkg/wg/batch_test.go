@@ -17,6 +17,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/tun"
+
+	"meshd.io/meshd/internal/testlog"
 )
 
 // datagram is a test payload of n bytes that carries its sequence number.
@@ -240,7 +242,7 @@ func TestRootInProcessBatchSize(t *testing.T) {
 // segments of a TSO packet for want of batch buffers.
 func TestRootInProcessBatchStream(t *testing.T) {
 	requireRoot(t)
-	logs := &syncBuf{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a, b := twoNodes(t, log)
 	start := time.Now()
@@ -248,10 +250,8 @@ func TestRootInProcessBatchStream(t *testing.T) {
 	mustSet(t, b.dev, b.cfg)
 	waitHandshake(t, a.dev, start, 5*time.Second)
 	mbps := tcpStream(t, a, b, time.Second)
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	if strings.Contains(logs.b.String(), "multi-segment") {
-		t.Fatalf("wireguard-go dropped segments (%.0f MB/s):\n%s", mbps, logs.b.String())
+	if strings.Contains(logs.String(), "multi-segment") {
+		t.Fatalf("wireguard-go dropped segments (%.0f MB/s):\n%s", mbps, logs.String())
 	}
 	t.Logf("%.0f MB/s", mbps)
 }

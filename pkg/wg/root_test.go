@@ -23,6 +23,8 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/internal/testlog"
 )
 
 func requireRoot(t testing.TB) {
@@ -98,27 +100,14 @@ func uniqueName(t testing.TB) string {
 	return name
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
 // testLogger collects logs and prints them only if the test fails.
 func testLogger(t testing.TB) *slog.Logger { return testLoggerAt(t, slog.LevelDebug) }
 
 func testLoggerAt(t testing.TB, level slog.Level) *slog.Logger {
-	buf := &syncBuf{}
+	buf := &testlog.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
-			buf.mu.Lock()
-			t.Logf("logs:\n%s", buf.b.String())
-			buf.mu.Unlock()
+			t.Logf("logs:\n%s", buf.String())
 		}
 	})
 	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))

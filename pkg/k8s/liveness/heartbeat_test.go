@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"meshd.io/meshd/internal/testlog"
 )
 
 func TestHeartbeatRenew(t *testing.T) {
@@ -58,20 +60,6 @@ func TestHeartbeatRenew(t *testing.T) {
 	}
 }
 
-// syncBuffer is a concurrency-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func TestRunHeartbeat(t *testing.T) {
 	c := fake.NewClientset()
 	// The namespace is missing for the first two attempts.
@@ -86,7 +74,7 @@ func TestRunHeartbeat(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
