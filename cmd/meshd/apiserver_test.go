@@ -59,22 +59,16 @@ func TestPeerMayNotRouteAPIServerEndpoints(t *testing.T) {
 	}}
 	allowed := func() []string {
 		t.Helper()
-		dev, err := f.wgc.Device("meshd0")
-		if err != nil {
-			t.Fatal(err)
+		p := f.peer(t, peerKey)
+		if p == nil {
+			t.Fatal("the Peer is not in WireGuard")
 		}
-		for _, p := range dev.Peers {
-			if p.PublicKey == peerKey.PublicKey() {
-				var out []string
-				for _, n := range p.AllowedIPs {
-					out = append(out, n.String())
-				}
-				slices.Sort(out)
-				return out
-			}
+		var out []string
+		for _, n := range p.AllowedIPs {
+			out = append(out, n.String())
 		}
-		t.Fatal("the Peer is not in WireGuard")
-		return nil
+		slices.Sort(out)
+		return out
 	}
 	events := f.rec.events.(*record.FakeRecorder).Events
 	refused := func(want ...string) { // one Event with every problem of the Peer

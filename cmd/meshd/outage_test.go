@@ -42,14 +42,8 @@ func TestPeerKeepsPresharedKeyWhenSecretVanishes(t *testing.T) {
 	}
 	psk := func() *wgtypes.Key {
 		t.Helper()
-		dev, err := f.wgc.Device("meshd0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range dev.Peers {
-			if p.PublicKey == peerKey.PublicKey() {
-				return &p.PresharedKey
-			}
+		if p := f.peer(t, peerKey); p != nil {
+			return &p.PresharedKey
 		}
 		return nil
 	}

@@ -112,6 +112,22 @@ func (f *fakes) refresh(t *testing.T) {
 	f.rec.nodeLister = sliceLister(objs)
 }
 
+// peer is the WireGuard peer with key's public key on the fake device
+// (nil: none).
+func (f *fakes) peer(t *testing.T, key wgtypes.Key) *wgtypes.Peer {
+	t.Helper()
+	dev, err := f.wgc.Device("meshd0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range dev.Peers {
+		if dev.Peers[i].PublicKey == key.PublicKey() {
+			return &dev.Peers[i]
+		}
+	}
+	return nil
+}
+
 type counters struct {
 	wg, routes uint64
 	ipt        int
