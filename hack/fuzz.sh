@@ -30,14 +30,29 @@ for dir in $($GO list -f '{{.Dir}}' "${pkgs[@]}"); do
 		echo "=== $pkg $t ($FUZZTIME)"
 		log=$(mktemp)
 		start=$SECONDS
+		corpus="$dir/testdata/fuzz/$t"
+		before=$(ls "$corpus" 2>/dev/null | sort || true)
+		note=
 		if ! $GO test -run '^$' -fuzz "^$t\$" -fuzztime "$FUZZTIME" -parallel "$FUZZPARALLEL" "$pkg" 2>&1 | tee "$log"; then
-			rm -f "$log"
-			echo "FAIL: $pkg $t (the failing input is under $pkg/testdata/fuzz/$t/)"
-			exit 1
+			after=$(ls "$corpus" 2>/dev/null | sort || true)
+			# Go before 1.27 can fail a target at the end of -fuzztime with a
+			# bare "context deadline exceeded": its coordinator races its
+			# workers' shutdown (go.dev/issue/75804), worst on a loaded
+			# machine. That failure writes no input. Only then, replay the
+			# seeds and the stored corpus to be sure, and go on.
+			if grep -qx '    context deadline exceeded' "$log" && ! grep -q 'Failing input written' "$log" &&
+				[ "$before" = "$after" ] && $GO test -count=1 -run "^$t\$" "$pkg" >/dev/null; then
+				echo "NOTE: $pkg $t ended with Go's fuzz-coordinator deadline race (go.dev/issue/75804): no failing input; its corpus passes"
+				note=" (deadline race, corpus replayed)"
+			else
+				rm -f "$log"
+				echo "FAIL: $pkg $t (the failing input is under $pkg/testdata/fuzz/$t/)"
+				exit 1
+			fi
 		fi
 		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
 		rm -f "$log"
-		summary+=("$(printf '%-16s %-24s %6ss %12s execs' "$pkg" "$t" $((SECONDS - start)) "${execs:-?}")")
+		summary+=("$(printf '%-16s %-24s %6ss %12s execs%s' "$pkg" "$t" $((SECONDS - start)) "${execs:-?}" "$note")")
 	done
 done
 echo "=== fuzz summary (wall time includes the instrumented build)"
