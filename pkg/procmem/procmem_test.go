@@ -3,8 +3,13 @@ package procmem
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The test binary trims its own executable: its resident file pages drop,
@@ -21,6 +26,9 @@ func TestTrimExecutable(t *testing.T) {
 	}
 	if r.ResidentAfter >= r.ResidentBefore {
 		t.Errorf("resident file pages %d before, %d after: not fewer", r.ResidentBefore, r.ResidentAfter)
+	}
+	if !r.CacheDropped {
+		t.Error("the executable's unused cached pages were not dropped")
 	}
 	t.Logf("trimmed %d mappings (%d MB): resident file pages %.1f -> %.1f MB", r.Mappings, r.Bytes>>20, float64(r.ResidentBefore)/1e6, float64(r.ResidentAfter)/1e6)
 	sum := sha256.Sum256([]byte("meshd"))
@@ -78,5 +86,66 @@ Anonymous:         44700 kB
 	}
 	if _, err := parseSmaps([]byte("zz-00 r-xp 0 0 0 /x\n")); err == nil {
 		t.Error("a malformed address range parsed")
+	}
+}
+
+// cachedPages counts the pages of path in the page cache (mincore of a
+// mapping of the whole file, which maps nothing in).
+func cachedPages(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestDropCached: the pages of a file nothing maps leave the page cache
+// (TrimExecutable does this to its executable once it has unmapped what
+// only start-up used; the pages it still maps stay).
+func TestDropCached(t *testing.T) {
+	dir := t.TempDir()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC { // its pages are the file: nothing to drop
+		t.Skipf("%s is on tmpfs", dir)
+	}
+	path := filepath.Join(dir, "file")
+	if err := os.WriteFile(path, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync() // written back: clean pages can be dropped
+	if _, err := os.ReadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	before := cachedPages(t, path)
+	if err := dropCached(path); err != nil {
+		t.Fatal(err)
+	}
+	if after := cachedPages(t, path); before == 0 || after != 0 {
+		t.Fatalf("pages cached: %d before, %d after; want some, then none", before, after)
+	}
+	if err := dropCached(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("no error for a missing file")
 	}
 }
