@@ -173,10 +173,9 @@ func clusterLinkStateOf(cl *v1alpha1.ClusterLink) clusterLinkState {
 // default/kubernetes (read live; not being allowed to read it leaves the
 // first).
 func apiServerAddrs(ctx context.Context, c *connect.Clients) []netip.Addr {
-	addrs := convert.APIServerAddrs(c.Config)
 	es, err := c.Kube.DiscoveryV1().EndpointSlices(convert.APIServerEndpointSliceNamespace).Get(ctx, convert.APIServerEndpointSliceName, metav1.GetOptions{})
 	if err != nil {
-		return addrs
+		es = nil
 	}
-	return append(addrs, convert.APIServerEndpoints([]*discoveryv1.EndpointSlice{es})...)
+	return convert.APIServerEndpoints([]*discoveryv1.EndpointSlice{es}, convert.APIServerAddrs(c.Config)...)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -55,16 +56,9 @@ func (d *daemon) apiServerSlicesHandler() cache.ResourceEventHandler {
 	}
 }
 
-func sliceAddrs(o any) []string {
-	s, ok := o.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil
-	}
-	var out []string
-	for _, a := range convert.APIServerEndpoints([]*discoveryv1.EndpointSlice{s}) {
-		out = append(out, a.String())
-	}
-	return out
+func sliceAddrs(o any) []netip.Addr {
+	s, _ := o.(*discoveryv1.EndpointSlice)
+	return convert.APIServerEndpoints([]*discoveryv1.EndpointSlice{s})
 }
 
 // apiServerSlicesError handles the informer's list and watch errors. A
@@ -75,8 +69,8 @@ func sliceAddrs(o any) []string {
 func (d *daemon) apiServerSlicesError(ctx context.Context, r *cache.Reflector, err error) {
 	if apierrors.IsForbidden(err) || apierrors.IsNotFound(err) {
 		if !d.apiServerSlicesUnavailable.Load() { // only the reflector calls this
-			defer d.apiServerSlicesUnavailable.Store(true)
 			d.log.Warn("cannot read the EndpointSlice default/kubernetes: only the API server address meshd dials is protected from Peers and linked clusters, not the API server's own addresses behind the kubernetes Service; grant the Role meshd-apiserver-endpoints (manifests/rbac.yaml)", "error", err)
+			d.apiServerSlicesUnavailable.Store(true)
 		}
 		return
 	}

@@ -163,9 +163,7 @@ func (r *reconciler) apiServerAddrs() []netip.Addr {
 			eps = append(eps, e)
 		}
 	}
-	all := slices.Concat(r.apiServers, convert.APIServerEndpoints(eps))
-	slices.SortFunc(all, netip.Addr.Compare)
-	return slices.Compact(all)
+	return convert.APIServerEndpoints(eps, r.apiServers...)
 }
 
 // reconcile makes the node equal to the plan for the current caches. A

@@ -17,12 +17,13 @@ const (
 )
 
 // APIServerEndpoints are the addresses of the slices' endpoints, ready or
-// not (an API server starting up is one all the same), sorted and without
-// duplicates. A slice of another address type (FQDN) and an address that
-// is not an IP are skipped: the slice is written by the API server, but
-// the caller gets only addresses it can compare.
-func APIServerEndpoints(eps []*discoveryv1.EndpointSlice) []netip.Addr {
-	var out []netip.Addr
+// not (an API server starting up is one all the same), with dialled (the
+// address meshd connects to, APIServerAddrs), sorted and without
+// duplicates. A nil slice, a slice of another address type (FQDN) and an
+// address that is not an IP are skipped: the slice is written by the API
+// server, but the caller gets only addresses it can compare.
+func APIServerEndpoints(eps []*discoveryv1.EndpointSlice, dialled ...netip.Addr) []netip.Addr {
+	out := slices.Clone(dialled)
 	for _, s := range eps {
 		if s == nil || (s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6) {
 			continue

@@ -3,6 +3,7 @@ package convert
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -39,9 +40,14 @@ func TestAPIServerEndpoints(t *testing.T) {
 		{"IPv4-mapped IPv6 unmapped", []*discoveryv1.EndpointSlice{slice(discoveryv1.AddressTypeIPv6, []string{"::ffff:203.0.113.2"})}, []string{"203.0.113.2"}},
 		{"FQDN slice skipped", []*discoveryv1.EndpointSlice{slice(discoveryv1.AddressTypeFQDN, []string{"api.example.com"})}, nil},
 		{"garbage skipped", []*discoveryv1.EndpointSlice{slice(discoveryv1.AddressTypeIPv4, []string{"", "nonsense", "203.0.113.300", "fe80::1%eth0", "198.51.100.7"})}, []string{"198.51.100.7"}},
+		{"with the address dialled", []*discoveryv1.EndpointSlice{slice(discoveryv1.AddressTypeIPv4, []string{"203.0.113.2"})}, []string{"10.96.0.1", "203.0.113.2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := APIServerEndpoints(tc.in)
+			var dialled []netip.Addr
+			if strings.HasPrefix(tc.name, "with the address dialled") {
+				dialled = []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("203.0.113.2")}
+			}
+			got := APIServerEndpoints(tc.in, dialled...)
 			var want []netip.Addr
 			for _, a := range tc.want {
 				want = append(want, netip.MustParseAddr(a))
