@@ -7,6 +7,7 @@ import (
 	"context"
 	"debug/buildinfo"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -70,6 +71,11 @@ import (
 // 90 s after the peer is created or n1 restarts, keeping a 64 KB buffer per
 // peer meanwhile, and the real nodes' probes of fake candidates go
 // unanswered),
+// BENCH_FAKE_DISCOVERED (64: in full mesh, every fake Node carries the
+// meshd.io/discovered-endpoints of that many peers, as a real node that
+// talked to them publishes: meshd publishes at most 64 besides those of
+// nodes behind NAT; earlier versions one per peer it talked to, up to
+// BENCH_NODES-1; 0: none),
 // BENCH_MESHD (another meshd binary, e.g. an older build, to compare),
 // BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
@@ -96,6 +102,9 @@ type benchConfig struct {
 	// silent: the fakes answer no handshake and no probe
 	// (BENCH_SILENT_FAKES=1); else a responder answers for them.
 	silent bool
+	// discovered: how many discovered endpoints each fake publishes in
+	// full mesh (BENCH_FAKE_DISCOVERED).
+	discovered int
 }
 
 func benchConfigFromEnv(t *testing.T) benchConfig {
@@ -131,7 +140,10 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 		out:       os.Getenv("BENCH_OUT"),
 		profile:   os.Getenv("BENCH_PROFILE"),
 		silent:    os.Getenv("BENCH_SILENT_FAKES") == "1",
-		modes:     strings.Split(cmpOr(os.Getenv("BENCH_MODES"), "full,location"), ","),
+		// What meshd publishes at most for peers not behind NAT
+		// (convert.DiscoveredLimit).
+		discovered: num("BENCH_FAKE_DISCOVERED", 64),
+		modes:      strings.Split(cmpOr(os.Getenv("BENCH_MODES"), "full,location"), ","),
 	}
 	fakes := c.nodes - 3
 	if fakes < 4 || fakes > testbed.MaxWideFakeNodes {
@@ -200,6 +212,13 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	all, err := testbed.FakeNodesWide("f", 0, fakes, region)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if mode == "full" {
+		// What a real node publishes after talking to its peers (in
+		// location mesh only leaders have peers, a few each).
+		if err := testbed.WithDiscovered(all, cfg.discovered); err != nil {
+			t.Fatal(err)
+		}
 	}
 	before, burst := all[:pre], all[pre:]
 	if !cfg.silent {
@@ -448,6 +467,29 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 			cpu, 100*cpu/elapsed.Seconds(), float64(y.rss.total)/1e6, float64(y.rss.anon)/1e6, float64(y.rss.file)/1e6, y.heap/1e6,
 			sessions(ctx, n)))
 	}
+	// What the real nodes publish for the others to cache and parse.
+	var pubs []string
+	for _, n := range nodes {
+		obj, err := n.Object(ctx)
+		if err != nil {
+			t.Errorf("reading Node %s: %v", n.Name, err)
+			continue
+		}
+		v := obj.Annotations[testbed.AnnotationDiscovered]
+		var eps map[string]string
+		if v != "" {
+			if err := json.Unmarshal([]byte(v), &eps); err != nil {
+				t.Errorf("%s: %s: %v", n.Name, testbed.AnnotationDiscovered, err)
+			}
+		}
+		b, _ := json.Marshal(obj)
+		pubs = append(pubs, fmt.Sprintf("%s %d (%.1f KB; its Node %.1f KB)", n.Name, len(eps), float64(len(v))/1e3, float64(len(b))/1e3))
+	}
+	fakeEps := 0
+	if mode == "full" {
+		fakeEps = min(cfg.discovered, len(all)-1)
+	}
+	rep.add("published", fmt.Sprintf("discovered endpoints on the real nodes' Nodes: %s; every fake's Node carries %d", strings.Join(pubs, ", "), fakeEps))
 	var total float64
 	var byRes []string
 	for _, res := range slices.Sorted(maps.Keys(a1)) {

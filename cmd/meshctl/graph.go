@@ -13,6 +13,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"meshd.io/meshd/pkg/k8s/convert"
+	"meshd.io/meshd/pkg/mesh"
 )
 
 // lookPath is exec.LookPath (replaced in tests).
@@ -151,20 +152,41 @@ type link struct {
 	Handshake string
 }
 
+// unknownHandshake is what status shows for a link the leader may have
+// left out of its discovered endpoints: it lists convert.DiscoveredLimit
+// peers that do not need theirs already (convert.LimitDiscovered).
+const unknownHandshake = "?"
+
 // links lists every leader's WireGuard peers with what the API tells of
 // their latest handshake: recentHandshake when the leader lists the peer in
-// its discovered endpoints, else "-".
+// its discovered endpoints, unknownHandshake when the leader's list is full
+// and the peer's endpoint is not one it must list, else "-".
 func (m *model) links() (ls []link, problems []string) {
 	var zero wgtypes.Key
 	t := m.Topo
+	needed := map[wgtypes.Key]bool{}
+	for i := range m.Input.Nodes {
+		if mesh.UsesDiscoveredEndpoint(&m.Input.Nodes[i]) {
+			needed[m.Input.Nodes[i].PublicKey] = true
+		}
+	}
 	for _, a := range t.Segments {
 		if a.PublicKey == zero {
 			continue
 		}
 		n, _ := m.node(a.Leader)
+		others := 0
+		for k := range n.DiscoveredEndpoints {
+			if !needed[k] {
+				others++
+			}
+		}
 		age := func(k wgtypes.Key) string {
 			if _, ok := n.DiscoveredEndpoints[k]; ok {
 				return recentHandshake
+			}
+			if others >= convert.DiscoveredLimit && !needed[k] {
+				return unknownHandshake
 			}
 			return "-"
 		}

@@ -95,6 +95,10 @@ type statusLink struct {
 	// RecentHandshake: the leader lists the remote key in its discovered
 	// endpoints (a handshake within the last 13 minutes).
 	RecentHandshake bool `json:"recentHandshake"`
+	// HandshakeUnknown: the leader does not list the remote key, but its
+	// list is full (it publishes at most 64 endpoints of peers that do not
+	// need them), so the API cannot tell.
+	HandshakeUnknown bool `json:"handshakeUnknown,omitempty"`
 }
 
 // newStatusReport collects the status of m.
@@ -184,7 +188,7 @@ func newStatusReport(m *model) *statusReport {
 	ls, problems := m.links()
 	problems = append(problems, m.Published.Problems...)
 	for _, l := range ls {
-		r.Links = append(r.Links, statusLink{From: l.From, To: l.To, RecentHandshake: l.Handshake == recentHandshake})
+		r.Links = append(r.Links, statusLink{From: l.From, To: l.To, RecentHandshake: l.Handshake == recentHandshake, HandshakeUnknown: l.Handshake == unknownHandshake})
 	}
 	for _, lc := range m.Linked {
 		problems = append(problems, lc.Problems...)
@@ -280,8 +284,11 @@ func renderStatusTable(r *statusReport, now time.Time) string {
 	rows = nil
 	for _, l := range r.Links {
 		hs := "-"
-		if l.RecentHandshake {
+		switch {
+		case l.RecentHandshake:
 			hs = recentHandshake
+		case l.HandshakeUnknown:
+			hs = unknownHandshake
 		}
 		rows = append(rows, []string{l.From, l.To, hs})
 	}

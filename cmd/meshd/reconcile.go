@@ -95,6 +95,8 @@ type reconciler struct {
 	// discovered decides which discovered endpoints this node publishes
 	// (with hysteresis); the plan uses the same view for this node.
 	discovered convert.DiscoveredEndpoints
+	// nodes keeps the conversions of unchanged Nodes between reconciles.
+	nodes convert.NodeCache
 
 	// nextKey is the next private key of a key rotation in progress (zero:
 	// none); see rotate.go. rotationWarned: a request without a state
@@ -251,7 +253,7 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 		r.saveState(plan)
 	}
 	// Report: publish what other nodes need.
-	perr := r.publish(ctx, in.self, plan, sw, knownKeys(in.nodes, in.peers()))
+	perr := r.publish(ctx, in.self, plan, sw, newDiscoveryKeys(in.nodes, in.peers()))
 	if perr != nil {
 		r.metrics.fail("publish")
 		errs = append(errs, fmt.Errorf("publishing node annotations: %w", perr))
@@ -323,7 +325,8 @@ func (e *executors) apply(plan *mesh.Plan, m *metrics) []error {
 // Event), and replaces the local node by what this node knows about itself.
 func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []mesh.Peer, *corev1.Node, error) {
 	in := convert.NewMeshInput(ctx, s.nodes, s.peers, convert.MeshInputOptions{
-		Parse:  convert.ParseOptions{TopologyLabel: r.topology, Port: r.port},
+		Parse:  r.parseOptions(),
+		Nodes:  &r.nodes,
 		Secret: r.secrets,
 		Cached: r.dns,
 		// No Peer may route the API server (nor a node's address or endpoint).
@@ -358,6 +361,11 @@ func (r *reconciler) meshInput(ctx context.Context, s snapshot) ([]mesh.Node, []
 	return in.Nodes, in.Peers, self, nil
 }
 
+// parseOptions are how this node parses Node objects (convert.NodeFromObject).
+func (r *reconciler) parseOptions() convert.ParseOptions {
+	return convert.ParseOptions{TopologyLabel: r.topology, Port: r.port}
+}
+
 // selfNode parses the local Node from what the user and the cluster say,
 // ignoring what meshd itself published earlier (so a removed force-*
 // annotation or a changed --port takes effect), and fills in what only this
@@ -366,7 +374,7 @@ func (r *reconciler) selfNode(o *corev1.Node) mesh.Node {
 	o = o.DeepCopy()
 	delete(o.Annotations, convert.AnnotationEndpoint)
 	delete(o.Annotations, convert.AnnotationInternalIP)
-	n, _ := convert.NodeFromObject(o, convert.ParseOptions{TopologyLabel: r.topology, Port: r.port})
+	n, _ := convert.NodeFromObject(o, r.parseOptions())
 	n.PublicKey = r.key.PublicKey()
 	n.DiscoveredEndpoints = r.discovered.Published()
 	if len(n.InternalIPs) == 0 {
@@ -532,24 +540,34 @@ func (s snapshot) self(name string) *corev1.Node {
 	return nil
 }
 
-// knownKeys are the public keys of every node and peer of the plan's input.
-func knownKeys(nodes []mesh.Node, peers []mesh.Peer) map[wgtypes.Key]bool {
-	out := make(map[wgtypes.Key]bool, len(nodes)+len(peers))
-	for _, n := range nodes {
-		out[n.PublicKey] = true
+// discoveryKeys says which discovered endpoints a node may publish: those
+// of keys some node or peer of the plan's input still has (known), so a
+// rotated-away key disappears at once, and, among them, those of nodes the
+// plan may reach at a discovered endpoint (needed; mesh.UsesDiscoveredEndpoint),
+// which are never left out for convert.DiscoveredLimit.
+type discoveryKeys struct{ known, needed map[wgtypes.Key]bool }
+
+func newDiscoveryKeys(nodes []mesh.Node, peers []mesh.Peer) discoveryKeys {
+	k := discoveryKeys{known: make(map[wgtypes.Key]bool, len(nodes)+len(peers)), needed: map[wgtypes.Key]bool{}}
+	for i := range nodes {
+		k.known[nodes[i].PublicKey] = true
+		if mesh.UsesDiscoveredEndpoint(&nodes[i]) {
+			k.needed[nodes[i].PublicKey] = true
+		}
 	}
 	for _, p := range peers {
-		out[p.PublicKey] = true
+		k.known[p.PublicKey] = true
 	}
-	return out
+	return k
 }
 
 // publish writes this node's public facts to its Node object (only what
 // changed; nothing when equal). The private key is never published.
-// Discovered endpoints are published only for keys some node or peer still
-// has (known), so a rotated-away key disappears at once; sw is a key
-// rotation's switch in this reconcile, if any (rotate.go).
-func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan, sw *rotationSwitch, known map[wgtypes.Key]bool) error {
+// Discovered endpoints are published for known keys only, all of those
+// needed and at most convert.DiscoveredLimit others (convert.LimitDiscovered),
+// keeping the ones self already lists; sw is a key rotation's switch in this
+// reconcile, if any (rotate.go).
+func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.Plan, sw *rotationSwitch, keys discoveryKeys) error {
 	me := r.selfNode(self)
 	pub := convert.Published{
 		PublicKey:    r.key.PublicKey(),
@@ -559,14 +577,10 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 	if self.Annotations[convert.AnnotationForceEndpoint] == "" && me.Endpoint.Addr.IsValid() {
 		pub.Endpoint = me.Endpoint.Addr
 	}
-	for k, ap := range me.DiscoveredEndpoints {
-		if known == nil || known[k] {
-			if pub.DiscoveredEndpoints == nil {
-				pub.DiscoveredEndpoints = map[wgtypes.Key]netip.AddrPort{}
-			}
-			pub.DiscoveredEndpoints[k] = ap
-		}
-	}
+	eps := maps.Clone(me.DiscoveredEndpoints)
+	maps.DeleteFunc(eps, func(k wgtypes.Key, _ netip.AddrPort) bool { return !keys.known[k] })
+	cur, _ := convert.NodeFromObject(self, r.parseOptions())
+	pub.DiscoveredEndpoints = convert.LimitDiscovered(eps, func(k wgtypes.Key) bool { return keys.needed[k] }, cur.DiscoveredEndpoints, convert.DiscoveredLimit)
 	want := convert.NodeAnnotations(pub)
 	maps.Copy(want, r.rotationAnnotations(sw))
 	if r.settings != "" {
@@ -581,7 +595,7 @@ func (r *reconciler) publish(ctx context.Context, self *corev1.Node, plan *mesh.
 // node published before. Handshake times themselves stay local (metrics).
 func (r *reconciler) observeDiscovered(self *corev1.Node) {
 	now := time.Now()
-	if prev, _ := convert.NodeFromObject(self, convert.ParseOptions{TopologyLabel: r.topology, Port: r.port}); prev.DiscoveredEndpoints != nil {
+	if prev, _ := convert.NodeFromObject(self, r.parseOptions()); prev.DiscoveredEndpoints != nil {
 		r.discovered.Seed(now, prev.DiscoveredEndpoints)
 	}
 	if stats, err := r.device.Stats(); err == nil {

@@ -4,7 +4,9 @@ package testbed
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -51,6 +53,9 @@ type FakeNode struct {
 	Endpoint   netip.AddrPort
 	InternalIP netip.Addr
 	PodCIDR    netip.Prefix
+	// Annotations are more annotations of its Node (e.g. the
+	// meshd.io/discovered-endpoints a real node would publish).
+	Annotations map[string]string
 }
 
 // FakeNodes returns count fake nodes named <prefix>-<i> for i in
@@ -223,6 +228,7 @@ func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, 
 		},
 		Spec: corev1.NodeSpec{PodCIDR: f.PodCIDR.String(), PodCIDRs: []string{f.PodCIDR.String()}},
 	}
+	maps.Copy(obj.Annotations, f.Annotations)
 	created, err := kc.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating fake Node %s: %w", f.Name, err)
@@ -240,6 +246,32 @@ func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, 
 	}
 	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("setting status of fake Node %s: %w", f.Name, err)
+	}
+	return nil
+}
+
+// WithDiscovered gives every fake the meshd.io/discovered-endpoints a real
+// node publishes after handshakes with k peers: the endpoints of the k
+// fakes after it (wrapping around), as meshd would have learned them.
+func WithDiscovered(fakes []FakeNode, k int) error {
+	if k <= 0 {
+		return nil
+	}
+	k = min(k, len(fakes)-1)
+	for i := range fakes {
+		eps := make(map[string]string, k)
+		for j := 1; j <= k; j++ {
+			f := fakes[(i+j)%len(fakes)]
+			eps[f.PublicKey.String()] = f.Endpoint.String()
+		}
+		b, err := json.Marshal(eps)
+		if err != nil {
+			return err
+		}
+		if fakes[i].Annotations == nil {
+			fakes[i].Annotations = map[string]string{}
+		}
+		fakes[i].Annotations[AnnotationDiscovered] = string(b)
 	}
 	return nil
 }

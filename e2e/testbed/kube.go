@@ -25,6 +25,9 @@ const (
 	AnnotationEndpoint   = "meshd.io/endpoint"
 	AnnotationInternalIP = "meshd.io/internal-ip"
 	AnnotationWGIP       = "meshd.io/wireguard-ip"
+	// AnnotationDiscovered is meshd.io/discovered-endpoints: the endpoints
+	// a node learned from handshakes, by peer public key.
+	AnnotationDiscovered = "meshd.io/discovered-endpoints"
 	// LabelLeaseCandidate marks the heartbeat Lease of a leader candidate
 	// (meshd's liveness.LabelCandidate).
 	LabelLeaseCandidate = "meshd.io/candidate"

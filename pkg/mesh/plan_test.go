@@ -640,3 +640,52 @@ func FuzzBuild(f *testing.F) {
 		_ = p.String()
 	})
 }
+
+// TestUsesDiscoveredEndpoint: the nodes whose discovered endpoints every
+// node publishes, and the only ones the plan reaches at one.
+func TestUsesDiscoveredEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		n    Node
+		want bool
+	}{
+		{"an endpoint, no keepalive", node("a", "", "192.168.0.1", ""), false},
+		{"an endpoint and a keepalive: behind NAT", node("a", "", "192.168.0.1", "", keepalive(25*time.Second)), true},
+		{"no endpoint", node("a", "", "", ""), true},
+		{"no key", func() Node { n := node("a", "", "", ""); n.PublicKey = wgtypes.Key{}; return n }(), false},
+	} {
+		if got := UsesDiscoveredEndpoint(&tc.n); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestNodeCloneSharesNothing: every slice and map field of a Node is copied
+// by Clone (a field added later and forgotten fails here).
+func TestNodeCloneSharesNothing(t *testing.T) {
+	var n Node
+	v := reflect.ValueOf(&n).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		case reflect.Map:
+			m := reflect.MakeMap(f.Type())
+			m.SetMapIndex(reflect.Zero(f.Type().Key()), reflect.Zero(f.Type().Elem()))
+			f.Set(m)
+		case reflect.Pointer, reflect.Chan, reflect.Func, reflect.Interface:
+			t.Errorf("field %s (%s): Clone does not know how to copy it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	c := n.Clone()
+	if !reflect.DeepEqual(c, n) {
+		t.Fatalf("clone differs: %+v, want %+v", c, n)
+	}
+	cv := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if k := v.Field(i).Kind(); (k == reflect.Slice || k == reflect.Map) && v.Field(i).Pointer() == cv.Field(i).Pointer() {
+			t.Errorf("field %s is shared with the clone", v.Type().Field(i).Name)
+		}
+	}
+}

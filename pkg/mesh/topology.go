@@ -442,7 +442,6 @@ func (t *Topology) publishMeshIPs() {
 // published key, then the preferred leader, then a public endpoint, then the
 // first name.
 func (t *Topology) electLeaders(nodes []Node) {
-	var zero wgtypes.Key
 	better := func(a, b *member) bool { // is a better than b
 		if a.eligible != b.eligible {
 			return a.eligible
@@ -471,7 +470,7 @@ func (t *Topology) electLeaders(nodes []Node) {
 		seg.PublicKey = ln.PublicKey
 		seg.PersistentKeepalive = ln.PersistentKeepalive
 		seg.Endpoint = normEndpoint(ln.Endpoint)
-		if ln.PublicKey != zero && (seg.Endpoint.IsZero() || ln.PersistentKeepalive > 0) {
+		if UsesDiscoveredEndpoint(ln) {
 			if d, ok := discovered(nodes, ln.PublicKey); ok {
 				seg.Endpoint = Endpoint{Addr: d}
 			}

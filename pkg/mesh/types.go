@@ -10,7 +10,9 @@
 package mesh
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -80,6 +82,25 @@ type Node struct {
 	// DiscoveredEndpoints are endpoints this node learned from WireGuard
 	// handshakes, keyed by the remote public key (NAT traversal).
 	DiscoveredEndpoints map[wgtypes.Key]netip.AddrPort
+}
+
+// Clone returns a copy of n that shares no slice or map with it.
+func (n Node) Clone() Node {
+	n.InternalIPs = slices.Clone(n.InternalIPs)
+	n.WireGuardIPs = slices.Clone(n.WireGuardIPs)
+	n.PodCIDRs = slices.Clone(n.PodCIDRs)
+	n.AllowedLocationIPs = slices.Clone(n.AllowedLocationIPs)
+	n.DiscoveredEndpoints = maps.Clone(n.DiscoveredEndpoints)
+	return n
+}
+
+// UsesDiscoveredEndpoint reports whether the plan may reach n at an endpoint
+// other nodes discovered from its handshakes rather than at its own: n has
+// a key and either no endpoint or a persistent keepalive (the mark of a
+// node behind NAT). Those are the nodes whose discovered endpoints every
+// node must publish; any other's are for display only.
+func UsesDiscoveredEndpoint(n *Node) bool {
+	return n.PublicKey != (wgtypes.Key{}) && (n.Endpoint.IsZero() || n.PersistentKeepalive > 0)
 }
 
 // Peer is a Peer object: an outside WireGuard peer.

@@ -3,10 +3,12 @@
 // mesh.Node through a table of annotation parsers (NodeFromObject), Peer
 // objects become mesh.Peer (PeerFromObject), and NewMeshInput assembles the
 // planner input of a snapshot, with malformed annotations and unusable
-// Peers reported (*AnnotationError, MeshInput.Problems), never fatal; the
+// Peers reported (*AnnotationError, MeshInput.Problems), never fatal, and
+// unchanged Nodes converted once (NodeCache); the
 // location keys liveness is judged by come from here too. Outwards: the
 // annotations meshd publishes on its own Node (NodeAnnotations,
-// AnnotationPatch, PublishNode), the hysteresis of discovered endpoints,
+// AnnotationPatch, PublishNode), the hysteresis and the limit of discovered
+// endpoints (DiscoveredEndpoints, LimitDiscovered),
 // and the Peer status the location leaders report (PeerStatusWriter: one
 // background writer, only on change, never blocking the reconcile).
 // It names every meshd annotation (annotations.go), and keeps informer

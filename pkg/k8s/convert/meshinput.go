@@ -37,6 +37,11 @@ type MeshInputOptions struct {
 	// APIServers are the API server's addresses, which no Peer may route
 	// (see GuardPeers).
 	APIServers []netip.Addr
+	// Nodes, when set, converts the Nodes that did not change since the
+	// last conversion from its cache (an informer's objects) and keeps of
+	// each Node's DiscoveredEndpoints only what the plan reads (see
+	// NodeCache): for the planner, not for showing them.
+	Nodes *NodeCache
 }
 
 // MeshInput is the planner input converted from the cluster's objects, as
@@ -62,16 +67,7 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		Peers:    make([]mesh.Peer, 0, len(peers)),
 		Problems: map[string][]error{},
 	}
-	for _, obj := range nodes {
-		if obj == nil {
-			continue
-		}
-		n, problems := NodeFromObject(obj, o.Parse)
-		if len(problems) > 0 {
-			in.Problems["node/"+obj.Name] = problems
-		}
-		in.Nodes = append(in.Nodes, n)
-	}
+	in.convertNodes(nodes, o)
 	for _, obj := range peers {
 		if obj == nil {
 			continue
@@ -116,6 +112,31 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 	}
 	GuardPeers(&in, o.APIServers...)
 	return in
+}
+
+// convertNodes converts the Node objects into in (through o.Nodes when
+// set), reporting each one's problems.
+func (in *MeshInput) convertNodes(nodes []*corev1.Node, o MeshInputOptions) {
+	if o.Nodes != nil {
+		var problems [][]error
+		in.Nodes, problems = o.Nodes.convert(nodes, o.Parse)
+		for i, p := range problems {
+			if len(p) > 0 {
+				in.Problems["node/"+in.Nodes[i].Name] = p
+			}
+		}
+		return
+	}
+	for _, obj := range nodes {
+		if obj == nil {
+			continue
+		}
+		n, problems := NodeFromObject(obj, o.Parse)
+		if len(problems) > 0 {
+			in.Problems["node/"+obj.Name] = problems
+		}
+		in.Nodes = append(in.Nodes, n)
+	}
 }
 
 // GuardPeers drops every allowed IP of a Peer that covers an address that

@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -123,6 +124,51 @@ func PublishNode(ctx context.Context, c kubernetes.Interface, nodeName string, w
 		return false, fmt.Errorf("publishing annotations on node %s: %w", nodeName, err)
 	}
 	return true, nil
+}
+
+// DiscoveredLimit is how many discovered endpoints a node publishes for
+// peers that do not need them (see LimitDiscovered).
+const DiscoveredLimit = 64
+
+// LimitDiscovered returns the discovered endpoints a node publishes out of
+// eps: every one of a peer that needs it (needed: a node other nodes may
+// reach at its discovered endpoint, see mesh.UsesDiscoveredEndpoint), and
+// at most limit of the others, which only show a recent handshake (meshctl
+// status). Those already published (current) come first, then the rest in
+// key order, so the published set changes only when an entry is withdrawn
+// or a slot frees up. Without the limit every node of a full mesh would
+// publish an entry for every peer it talked to in the last minutes: at
+// 1,000 nodes about 70 KB on every Node, cached and parsed by every node.
+func LimitDiscovered(eps map[wgtypes.Key]netip.AddrPort, needed func(wgtypes.Key) bool, current map[wgtypes.Key]netip.AddrPort, limit int) map[wgtypes.Key]netip.AddrPort {
+	var out map[wgtypes.Key]netip.AddrPort
+	add := func(k wgtypes.Key, ap netip.AddrPort) {
+		if out == nil {
+			out = make(map[wgtypes.Key]netip.AddrPort, len(eps))
+		}
+		out[k] = ap
+	}
+	var kept, others []wgtypes.Key
+	for k, ap := range eps {
+		switch _, was := current[k]; {
+		case needed != nil && needed(k):
+			add(k, ap)
+		case was:
+			kept = append(kept, k)
+		default:
+			others = append(others, k)
+		}
+	}
+	byKey := func(a, b wgtypes.Key) int { return bytes.Compare(a[:], b[:]) }
+	slices.SortFunc(kept, byKey)
+	slices.SortFunc(others, byKey)
+	for _, k := range append(kept, others...) {
+		if limit <= 0 {
+			break
+		}
+		add(k, eps[k])
+		limit--
+	}
+	return out
 }
 
 // Discovered endpoints: how long they must be stable, and how long they

@@ -3,6 +3,8 @@ package convert
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -194,4 +196,76 @@ func TestDiscoveredEndpointsHysteresis(t *testing.T) {
 	check("seeded", d.Observe(at(time.Second), obs()), obs(k1, "198.51.100.1:1000"))
 	check("seeded change", d.Observe(at(2*time.Second), obs(k1, "198.51.100.1:5")), obs(k1, "198.51.100.1:1000"))
 	check("seeded change settled", d.Observe(at(2*time.Second+DiscoveredSettle), obs(k1, "198.51.100.1:5")), obs(k1, "198.51.100.1:5"))
+}
+
+// TestLimitDiscovered: every needed endpoint is published, at most the limit
+// of the others, those published already first, then by key; replaying the
+// same observations in any order, with the last output as what is
+// published, never changes the set.
+func TestLimitDiscovered(t *testing.T) {
+	key := func(i int) wgtypes.Key { return wgtypes.Key{0: byte(i >> 8), 1: byte(i)} }
+	ep := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), 51820)
+	}
+	eps := map[wgtypes.Key]netip.AddrPort{}
+	for i := range 10 {
+		eps[key(i)] = ep(i)
+	}
+	needed := func(k wgtypes.Key) bool { return k == key(7) || k == key(9) }
+	has := func(got map[wgtypes.Key]netip.AddrPort, is ...int) error {
+		want := map[wgtypes.Key]netip.AddrPort{}
+		for _, i := range is {
+			want[key(i)] = ep(i)
+		}
+		if !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("got %v, want keys %v", got, is)
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name    string
+		current []int
+		limit   int
+		want    []int
+	}{
+		{"the lowest keys fill the limit, needed ones on top", nil, 3, []int{0, 1, 2, 7, 9}},
+		{"published ones stay first", []int{5, 8}, 3, []int{0, 5, 8, 7, 9}},
+		{"more published than the limit: the lowest of them", []int{4, 5, 6, 8}, 2, []int{4, 5, 7, 9}},
+		{"no limit for others: needed only", nil, 0, []int{7, 9}},
+		{"a large limit: everything", []int{3}, 64, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := map[wgtypes.Key]netip.AddrPort{}
+			for _, i := range tc.current {
+				cur[key(i)] = ep(i)
+			}
+			if err := has(LimitDiscovered(eps, needed, cur, tc.limit), tc.want...); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if got := LimitDiscovered(nil, needed, nil, DiscoveredLimit); got != nil {
+		t.Errorf("nothing observed: got %v, want nil", got)
+	}
+
+	// Replays: peers come and go in random order; what is published keeps
+	// every entry it still observes while the limit allows.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var published map[wgtypes.Key]netip.AddrPort
+	for round := range 200 {
+		obs := map[wgtypes.Key]netip.AddrPort{}
+		for _, i := range rng.Perm(100)[:40+rng.IntN(40)] {
+			obs[key(i)] = ep(i)
+		}
+		got := LimitDiscovered(obs, nil, published, 16)
+		if len(got) != min(16, len(obs)) {
+			t.Fatalf("round %d: %d published of %d observed, want %d", round, len(got), len(obs), min(16, len(obs)))
+		}
+		for k, ap := range published {
+			if _, still := obs[k]; still && got[k] != ap {
+				t.Fatalf("round %d: %v was published and is still observed, but left out", round, k)
+			}
+		}
+		published = got
+	}
 }
