@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -419,11 +420,19 @@ func parseDiscovered(s string) (map[wgtypes.Key]netip.AddrPort, error) {
 		return nil, nil
 	}
 	out := make(map[wgtypes.Key]netip.AddrPort, len(raw))
-	for k, v := range raw {
+	seen := make(map[wgtypes.Key]string, len(raw))
+	// In key order: two spellings of one key (base64 ignores the last
+	// character's unused bits) are an error, the same one every time.
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
+		v := raw[k]
 		key, err := wgtypes.ParseKey(k)
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a WireGuard public key", k)
 		}
+		if other, dup := seen[key]; dup {
+			return nil, fmt.Errorf("%q and %q are the same public key", other, k)
+		}
+		seen[key] = k
 		ap, err := parseAddrPort(v)
 		if err != nil {
 			return nil, fmt.Errorf("endpoint %q of %s: %w", v, k, err)
