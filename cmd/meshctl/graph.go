@@ -164,12 +164,7 @@ const unknownHandshake = "?"
 func (m *model) links() (ls []link, problems []string) {
 	var zero wgtypes.Key
 	t := m.Topo
-	needed := map[wgtypes.Key]bool{}
-	for i := range m.Input.Nodes {
-		if mesh.UsesDiscoveredEndpoint(&m.Input.Nodes[i]) {
-			needed[m.Input.Nodes[i].PublicKey] = true
-		}
-	}
+	needed := mesh.DiscoveryKeys(m.Input.Nodes)
 	for _, a := range t.Segments {
 		if a.PublicKey == zero {
 			continue

@@ -548,12 +548,9 @@ func (s snapshot) self(name string) *corev1.Node {
 type discoveryKeys struct{ known, needed map[wgtypes.Key]bool }
 
 func newDiscoveryKeys(nodes []mesh.Node, peers []mesh.Peer) discoveryKeys {
-	k := discoveryKeys{known: make(map[wgtypes.Key]bool, len(nodes)+len(peers)), needed: map[wgtypes.Key]bool{}}
-	for i := range nodes {
-		k.known[nodes[i].PublicKey] = true
-		if mesh.UsesDiscoveredEndpoint(&nodes[i]) {
-			k.needed[nodes[i].PublicKey] = true
-		}
+	k := discoveryKeys{known: make(map[wgtypes.Key]bool, len(nodes)+len(peers)), needed: mesh.DiscoveryKeys(nodes)}
+	for _, n := range nodes {
+		k.known[n.PublicKey] = true
 	}
 	for _, p := range peers {
 		k.known[p.PublicKey] = true

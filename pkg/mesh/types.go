@@ -103,6 +103,18 @@ func UsesDiscoveredEndpoint(n *Node) bool {
 	return n.PublicKey != (wgtypes.Key{}) && (n.Endpoint.IsZero() || n.PersistentKeepalive > 0)
 }
 
+// DiscoveryKeys are the public keys of the nodes that use discovered
+// endpoints (UsesDiscoveredEndpoint).
+func DiscoveryKeys(nodes []Node) map[wgtypes.Key]bool {
+	out := map[wgtypes.Key]bool{}
+	for i := range nodes {
+		if UsesDiscoveredEndpoint(&nodes[i]) {
+			out[nodes[i].PublicKey] = true
+		}
+	}
+	return out
+}
+
 // Peer is a Peer object: an outside WireGuard peer.
 type Peer struct {
 	Name                string
