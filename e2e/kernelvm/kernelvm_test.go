@@ -15,6 +15,9 @@
 package kernelvm
 
 import (
+	"bytes"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +26,46 @@ import (
 	"testing"
 )
 
-var result = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+)`)
+var (
+	result = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+)`)
+	// message is the first line of a t.Log, t.Error or t.Fatal in -v output.
+	message = regexp.MustCompile(`^\s+\S+_test\.go:\d+: `)
+)
+
+// maxMessages bounds what failureMessages returns.
+const maxMessages = 40
+
+// failureMessages returns the messages (first lines) that the guest test
+// name logged between its last "=== RUN" and its "--- FAIL", so that the
+// failing subtest says why it failed where CI shows the end of the output.
+func failureMessages(out, name string) []string {
+	lines := strings.Split(out, "\n")
+	start := -1
+	for i, l := range lines {
+		if strings.TrimSpace(l) == "=== RUN   "+name {
+			start = i
+		}
+	}
+	if start < 0 {
+		return nil
+	}
+	var msgs []string
+	for _, l := range lines[start+1:] {
+		if m := result.FindStringSubmatch(l); m != nil && m[2] == name {
+			break
+		}
+		if next, ok := strings.CutPrefix(strings.TrimSpace(l), "=== RUN   "); ok && !strings.HasPrefix(next, name+"/") {
+			break // the next test: name ended without its result line
+		}
+		if message.MatchString(l) {
+			msgs = append(msgs, strings.TrimSpace(l))
+		}
+	}
+	if len(msgs) > maxMessages {
+		msgs = append(msgs[:maxMessages], fmt.Sprintf("(%d more)", len(msgs)-maxMessages))
+	}
+	return msgs
+}
 
 func TestKernelVM(t *testing.T) {
 	if os.Getenv("E2E_KERNEL_VM") != "1" {
@@ -40,7 +82,9 @@ func TestKernelVM(t *testing.T) {
 	cmd := exec.Command("bash", filepath.Join(root, "hack", "e2e-kernel.sh"))
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "E2E_KERNEL_SUMMARY="+summary)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr // the guest's go test -v output, live
+	var out bytes.Buffer
+	cmd.Stdout = io.MultiWriter(os.Stdout, &out) // the guest's go test -v output, live
+	cmd.Stderr = os.Stderr
 	runErr := cmd.Run()
 
 	b, err := os.ReadFile(summary)
@@ -65,7 +109,11 @@ func TestKernelVM(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			switch status {
 			case "FAIL":
-				t.Error("failed in the guest (output above)")
+				msgs := failureMessages(out.String(), name)
+				if len(msgs) == 0 {
+					msgs = []string{"(no messages found)"}
+				}
+				t.Errorf("failed in the guest (output above):\n%s", strings.Join(msgs, "\n"))
 			case "SKIP":
 				t.Skip("skipped in the guest")
 			}

@@ -765,7 +765,7 @@ func (d *Device) release() error {
 // Delete removes the interface and closes the Device: a kernel link is
 // deleted; an external userspace device is stopped by removing its UAPI
 // socket (wireguard-go and RunDevice exit when it goes) and deleting its
-// link; an in-process device is stopped.
+// link, if it is still there; an in-process device is stopped.
 func (d *Device) Delete() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -782,7 +782,11 @@ func (d *Device) Delete() error {
 		}
 		if l, err := d.handle.LinkByName(d.name); err == nil {
 			d.writes.Add(1)
-			if err := d.handle.LinkDel(l); err != nil {
+			// ENODEV: the interface went between the lookup and the
+			// delete, which is what Delete wants. An external device
+			// does that on its own: wireguard-go notices its socket's
+			// removal and closes the TUN device.
+			if err := d.handle.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 				errs = append(errs, fmt.Errorf("deleting interface %s: %w", d.name, err))
 			}
 		}
