@@ -172,8 +172,8 @@ func (tb *Testbed) fastKube() (kubernetes.Interface, error) {
 // CreateFakeNodes makes sure fake endpoints are blackholed, then creates
 // the Node objects with `parallel` concurrent workers: each is one create
 // (labels, annotations meshd.io/public-key and meshd.io/endpoint, pod
-// CIDR) and one status update (InternalIP, Ready). It returns the first
-// error.
+// CIDR, and the status: InternalIP, Ready), as a kubelet registers. It
+// returns the first error.
 func (tb *Testbed) CreateFakeNodes(ctx context.Context, nodes []FakeNode, parallel int) error {
 	if err := tb.EnsureFakeBlackhole(ctx); err != nil {
 		return err
@@ -212,6 +212,7 @@ func (tb *Testbed) CreateFakeNodes(ctx context.Context, nodes []FakeNode, parall
 }
 
 func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, f FakeNode) error {
+	now := metav1.Now()
 	obj := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: f.Name,
@@ -227,25 +228,27 @@ func (tb *Testbed) createFakeNode(ctx context.Context, kc kubernetes.Interface, 
 			},
 		},
 		Spec: corev1.NodeSpec{PodCIDR: f.PodCIDR.String(), PodCIDRs: []string{f.PodCIDR.String()}},
+		// A kubelet registers its Node with the status it has already
+		// collected, in one create (the API server keeps a new Node's
+		// status), so a fake does the same: one write, one watch event.
+		Status: corev1.NodeStatus{
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: f.InternalIP.String()},
+				{Type: corev1.NodeHostName, Address: f.Name},
+			},
+			Conditions: []corev1.NodeCondition{{
+				Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+				Message: "fake node of the meshd e2e testbed", LastHeartbeatTime: now, LastTransitionTime: now,
+			}},
+		},
 	}
 	maps.Copy(obj.Annotations, f.Annotations)
 	created, err := kc.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating fake Node %s: %w", f.Name, err)
 	}
-	now := metav1.Now()
-	created.Status = corev1.NodeStatus{
-		Addresses: []corev1.NodeAddress{
-			{Type: corev1.NodeInternalIP, Address: f.InternalIP.String()},
-			{Type: corev1.NodeHostName, Address: f.Name},
-		},
-		Conditions: []corev1.NodeCondition{{
-			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "fake node of the meshd e2e testbed", LastHeartbeatTime: now, LastTransitionTime: now,
-		}},
-	}
-	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("setting status of fake Node %s: %w", f.Name, err)
+	if !slices.Equal(created.Status.Addresses, obj.Status.Addresses) {
+		return fmt.Errorf("fake Node %s was created without its status (addresses %v): this API server drops a new Node's status", f.Name, created.Status.Addresses)
 	}
 	return nil
 }
