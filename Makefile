@@ -41,9 +41,10 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## lint: golangci-lint (.golangci.yml: staticcheck incl. unused, errorlint, govet,
-## funlen on the reconcile path), pinned in tools/go.mod so meshd's go.mod stays lean.
+## funlen on the reconcile path), pinned in tools/go.mod so meshd's go.mod stays lean;
+## with the e2e tag, so the e2e scenarios and their testbed are linted too.
 lint:
-	$(GO) tool -modfile=tools/go.mod golangci-lint run ./...
+	$(GO) tool -modfile=tools/go.mod golangci-lint run --build-tags e2e ./...
 
 ## root: every package test with the race detector; namespace tests run when root.
 root:

@@ -302,10 +302,13 @@ func (n *Node) StartKubeProxy(ctx context.Context) (*Proc, error) {
 			return p, nil
 		}
 		if p.Exited() {
-			return nil, fmt.Errorf("kube-proxy on %s exited: %v\n%s", n.Name, p.Err(), tail(p.LogPath, 30))
+			return nil, fmt.Errorf("kube-proxy on %s exited: %w\n%s", n.Name, p.ExitErr(), tail(p.LogPath, 30))
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("kube-proxy on %s not healthy after 60s (HTTP %d, %v)\n%s", n.Name, code, err, tail(p.LogPath, 30))
+			if err != nil {
+				return nil, fmt.Errorf("kube-proxy on %s not healthy after 60s: %w\n%s", n.Name, err, tail(p.LogPath, 30))
+			}
+			return nil, fmt.Errorf("kube-proxy on %s not healthy after 60s (HTTP %d)\n%s", n.Name, code, tail(p.LogPath, 30))
 		}
 		select {
 		case <-ctx.Done():

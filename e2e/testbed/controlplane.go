@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -228,7 +229,7 @@ func (tb *Testbed) InstallCRDs(ctx context.Context) error {
 		rd := utilyaml.NewYAMLReader(bufioReader(data))
 		for {
 			doc, err := rd.Read()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
@@ -266,7 +267,10 @@ func (tb *Testbed) InstallCRDs(ctx context.Context) error {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("CRD %s not established after 30s (err=%v)", name, err)
+				if err != nil {
+					return fmt.Errorf("CRD %s not established after 30s: %w", name, err)
+				}
+				return fmt.Errorf("CRD %s not established after 30s", name)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -343,10 +347,10 @@ func waitAPIServer(ctx context.Context, ns, url, token string, etcd, apiserver *
 	var last string
 	for {
 		if etcd.Exited() {
-			return fmt.Errorf("etcd exited: %v\n%s", etcd.Err(), tail(etcd.LogPath, 30))
+			return fmt.Errorf("etcd exited: %w\n%s", etcd.ExitErr(), tail(etcd.LogPath, 30))
 		}
 		if apiserver.Exited() {
-			return fmt.Errorf("kube-apiserver exited: %v\n%s", apiserver.Err(), tail(apiserver.LogPath, 30))
+			return fmt.Errorf("kube-apiserver exited: %w\n%s", apiserver.ExitErr(), tail(apiserver.LogPath, 30))
 		}
 		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
 		req.Header.Set("Authorization", "Bearer "+token)

@@ -112,6 +112,15 @@ func (p *Proc) Done() <-chan struct{} { return p.done }
 // Err is the exit error once Done is closed.
 func (p *Proc) Err() error { <-p.done; return p.err }
 
+// ExitErr is Err for a process that should not have exited: never nil (an
+// exit with status 0 is an error too), so messages can wrap it.
+func (p *Proc) ExitErr() error {
+	if err := p.Err(); err != nil {
+		return err
+	}
+	return errors.New("exit status 0")
+}
+
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) error {
 	if p.Exited() {

@@ -140,9 +140,12 @@ func (tb *Testbed) StartFakeResponder(ctx context.Context, fakes []FakeNode, pro
 		if b, _ := os.ReadFile(p.LogPath); strings.Contains(string(b), "answer handshakes and probes") {
 			break
 		}
-		if p.Exited() || time.Now().After(deadline) {
-			_ = p.Signal(syscall.SIGTERM)
-			return nil, fmt.Errorf("the fake responder did not start: %v\n%s", p.Err(), tail(p.LogPath, 10))
+		if p.Exited() {
+			return nil, fmt.Errorf("the fake responder exited: %w\n%s", p.ExitErr(), tail(p.LogPath, 10))
+		}
+		if time.Now().After(deadline) {
+			p.Stop(time.Second)
+			return nil, fmt.Errorf("the fake responder did not start in 10 s\n%s", tail(p.LogPath, 10))
 		}
 	}
 	tb.mu.Lock()

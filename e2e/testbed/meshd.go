@@ -129,7 +129,7 @@ func (n *Node) WaitMeshdReady(ctx context.Context, timeout time.Duration) error 
 			return fmt.Errorf("meshd not started on %s", n.Name)
 		}
 		if n.meshd.Exited() {
-			return fmt.Errorf("meshd on %s exited: %v\n%s", n.Name, n.meshd.Err(), tail(n.MeshdLog(), 40))
+			return fmt.Errorf("meshd on %s exited: %w\n%s", n.Name, n.meshd.ExitErr(), tail(n.MeshdLog(), 40))
 		}
 		code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:9477/readyz")
 		if err == nil && code == 200 {

@@ -532,7 +532,7 @@ func waitSocket(ctx context.Context, p *Proc, path string) error {
 			return nil
 		}
 		if p.Exited() {
-			return fmt.Errorf("%s exited: %v\n%s", p.Name, p.Err(), tail(p.LogPath, 20))
+			return fmt.Errorf("%s exited: %w\n%s", p.Name, p.ExitErr(), tail(p.LogPath, 20))
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: no socket %s after 10s\n%s", p.Name, path, tail(p.LogPath, 20))
