@@ -235,14 +235,17 @@ func TestFailoverLeaderKill(t *testing.T) {
 			// b1 must peer with a2 again at once, never with the dead a1.
 			pr := s.startPing("ping-restart-b1", pod(a3), pod(b2), 15)
 			time.Sleep(time.Second)
+			tRestart := time.Now()
 			if err := b1.RestartMeshd(syscall.SIGTERM, 15*time.Second); err != nil {
 				t.Errorf("meshd on b1 did not stop cleanly: %v", err)
 			}
+			restarted := time.Since(tRestart)
 			if err := b1.WaitMeshdReady(ctx, 30*time.Second); err != nil {
 				t.Fatal(err)
 			}
 			sent, lost, _ := s.pingResult(pr)
-			t.Logf("meshd on b1 restarted while the dead leader a1 stays dead: %d of %d pings lost", lost, sent)
+			t.Logf("meshd on b1 restarted while the dead leader a1 stays dead (SIGTERM at +%d ms since the ping started, the new meshd started %d ms later): %d of %d pings lost",
+				tRestart.Sub(pr.start).Milliseconds(), restarted.Milliseconds(), lost, sent)
 			if lost > 1 {
 				t.Errorf("%d pings lost across b1's restart, want 0 (at most 1): the dead leader was picked again? What b1, a2 and a3 did, in ms since the ping started (seq n is sent at about n×100 ms):\n%s",
 					lost, logTimeline(s, []*testbed.Node{b1, a2, a3}, pr.start, failoverLogKeep...))

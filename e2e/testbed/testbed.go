@@ -158,6 +158,7 @@ func New(cfg Config) (*Testbed, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	quickRaceExit()
 	return &Testbed{
 		Config:    cfg,
 		RouterNS:  cfg.Prefix + "router",
@@ -192,6 +193,23 @@ func (tb *Testbed) EnsureTools(ctx context.Context) error {
 func (tb *Testbed) MeshdSourcePresent() bool {
 	_, err := os.Stat(filepath.Join(tb.RepoRoot, "cmd", "meshd"))
 	return err == nil
+}
+
+// quickRaceExit makes the binaries the testbed runs exit at once when built
+// with -race: the race runtime otherwise sleeps atexit_sleep_ms (1 s by
+// default) before every exit. A meshd stopped for a restart then stayed
+// silent 1 s longer than the meshd users run, long enough for its probes'
+// 2 s down verdict under load (TestFailoverLeaderKill lost 5 pings across
+// b1's restart, 2026-11-29), and every meshctl and e2etool run paid the
+// second too. Races are still reported as they happen, and a binary that
+// reported one still exits 66. It sets GORACE for this process and what it
+// starts, unless GORACE already says atexit_sleep_ms.
+func quickRaceExit() {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return
+	}
+	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
 }
 
 // BuildFlags are the `go build` flags of every binary the e2e suite runs:
