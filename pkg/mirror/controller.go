@@ -827,28 +827,52 @@ func (c *Controller) deleteMirror(ctx context.Context, k Key, name string) (resu
 
 // markNotReady sets every endpoint of k's mirror not ready (its cluster is
 // unreachable past the grace period); nothing is deleted.
+// Its endpoints merged into another cluster's same-name mirror (the HA
+// case) are marked too: that Service is not k's, its slices are.
 func (c *Controller) markNotReady(ctx context.Context, k Key, name string) (result, error) {
-	if c.ownedService(k, name) == nil {
+	owned := c.ownedService(k, name) != nil
+	slices := c.ownedSlices(k, name)
+	if !owned && len(slices) == 0 {
 		return result{}, nil
 	}
-	wrote := false
-	for _, sl := range c.ownedSlices(k, name) {
-		u := sl.DeepCopy()
-		changed := false
-		for i := range u.Endpoints {
-			cd := &u.Endpoints[i].Conditions
-			if deref(cd.Ready) || cd.Ready == nil || deref(cd.Serving) || cd.Serving == nil {
-				cd.Ready, cd.Serving = ptr(false), ptr(false)
-				changed = true
-			}
-		}
-		if !changed {
+	// merged: syncKey keeps k blocked on the other cluster's Service.
+	res := result{mirrored: true, merged: !owned}
+	for _, sl := range slices {
+		if !sliceReady(sl) {
 			continue
 		}
-		if _, err := c.local.DiscoveryV1().EndpointSlices(u.Namespace).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
-			return result{wrote: wrote, mirrored: true}, fmt.Errorf("marking EndpointSlice %s/%s not ready (cluster %s unreachable): %w", u.Namespace, u.Name, k.Cluster, err)
+		if err := c.setSliceNotReady(ctx, sl); err != nil {
+			return res, fmt.Errorf("%w (cluster %s unreachable)", err, k.Cluster)
 		}
-		wrote = true
+		res.wrote = true
 	}
-	return result{wrote: wrote, mirrored: true}, nil
+	return res, nil
+}
+
+// sliceReady reports whether an endpoint of sl is (or may be) ready or
+// serving.
+func sliceReady(sl *discoveryv1.EndpointSlice) bool {
+	for _, e := range sl.Endpoints {
+		cd := e.Conditions
+		if cd.Ready == nil || *cd.Ready || cd.Serving == nil || *cd.Serving {
+			return true
+		}
+	}
+	return false
+}
+
+// setSliceNotReady sets every endpoint of the local slice sl not ready and
+// not serving (nothing else changes); a slice already so is left alone.
+func (c *Controller) setSliceNotReady(ctx context.Context, sl *discoveryv1.EndpointSlice) error {
+	if !sliceReady(sl) {
+		return nil
+	}
+	u := sl.DeepCopy()
+	for i := range u.Endpoints {
+		u.Endpoints[i].Conditions.Ready, u.Endpoints[i].Conditions.Serving = ptr(false), ptr(false)
+	}
+	if _, err := c.local.DiscoveryV1().EndpointSlices(u.Namespace).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("marking EndpointSlice %s/%s not ready: %w", u.Namespace, u.Name, err)
+	}
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -126,6 +127,7 @@ func protocol(p corev1.Protocol) corev1.Protocol {
 func serviceUpToDate(have, want *corev1.Service) bool {
 	if have.Spec.Selector != nil || have.Spec.Type != want.Spec.Type ||
 		have.Spec.SessionAffinity != cmp.Or(want.Spec.SessionAffinity, have.Spec.SessionAffinity) ||
+		(want.Spec.SessionAffinityConfig != nil && !equality.Semantic.DeepEqual(have.Spec.SessionAffinityConfig, want.Spec.SessionAffinityConfig)) ||
 		have.Spec.PublishNotReadyAddresses != want.Spec.PublishNotReadyAddresses ||
 		isHeadless(have) != isHeadless(want) || len(have.Spec.Ports) != len(want.Spec.Ports) ||
 		!metaUpToDate(&have.ObjectMeta, &want.ObjectMeta) {

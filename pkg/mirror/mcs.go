@@ -123,6 +123,14 @@ func (m *mcsController) enqueueSource(r *remote) {
 	if m == nil || !m.running.Load() || r.exports == nil {
 		return
 	}
+	if !r.synced.Load() {
+		// What it exports is not known yet: the local imports may list it.
+		for _, key := range m.imports.GetStore().ListKeys() {
+			ns, name, _ := cache.SplitMetaNamespaceKey(key)
+			m.enqueue(ns, name)
+		}
+		return
+	}
 	for _, key := range r.exports.GetStore().ListKeys() {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
 		m.enqueue(ns, name)
@@ -284,7 +292,7 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 		if si, err := m.localImport(nn); err == nil && si != nil && ownsImport(si) {
 			for _, cl := range si.Status.Clusters {
 				if !seen[cl.Cluster] {
-					return nil
+					return m.markUnsyncedNotReady(ctx, nn, sources, seen)
 				}
 			}
 		}
@@ -301,7 +309,44 @@ func (m *mcsController) sync(ctx context.Context, nn types.NamespacedName) error
 		importErr = m.applyImport(ctx, nn, mg, cs, seen, complete)
 	}
 	statusErr := m.writeExportStatus(ctx, nn, selfExport, selfSvc, mg, importErr)
+	if errors.Is(importErr, errImportNotOwned) {
+		importErr = nil // said in an Event and the export's status; retried when the import changes
+	}
 	return errors.Join(importErr, statusErr)
+}
+
+// errImportNotOwned: the ServiceImport exists and another controller wrote
+// it; meshd imports nothing of it in this cluster.
+var errImportNotOwned = errors.New("the ServiceImport in this cluster exists and is not meshd's (it lacks the label " +
+	liveness.LabelManagedBy + "=" + liveness.ManagedBy + "; another MCS controller?): meshd imports nothing of it here")
+
+// markUnsyncedNotReady sets not ready the endpoints of the import nn that
+// came from source clusters not synced since this process started, once
+// every such cluster has been unreachable for longer than the grace period
+// (a restart during a source's outage: its slices are kept, and would
+// otherwise stay ready until it answers again). Their cluster IDs are not
+// known before they sync, so their slices are the ones of no synced source;
+// while one unsynced cluster is still inside the grace period, or a link is
+// not known yet, nothing is touched.
+func (m *mcsController) markUnsyncedNotReady(ctx context.Context, nn types.NamespacedName, sources []*remote, seen map[string]bool) error {
+	if !m.c.opts.StaticRemotes && !m.c.allKnown.Load() {
+		return nil
+	}
+	for _, r := range sources {
+		if !r.self && (!r.started || !r.synced.Load()) && !r.isExpired() {
+			return nil
+		}
+	}
+	var errs []error
+	for _, sl := range m.importSlices(nn) {
+		if seen[sl.Labels[LabelSourceCluster]] {
+			continue
+		}
+		if err := m.c.setSliceNotReady(ctx, sl); err != nil {
+			errs = append(errs, fmt.Errorf("%w (cluster %s unreachable past the grace period)", err, sl.Labels[LabelSourceCluster]))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // notReady: the data plane says the cluster is unreachable, or its API has
@@ -372,7 +417,7 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 	}
 	if si != nil && !ownsImport(si) {
 		m.reportNotOwned(nn, si)
-		return nil
+		return errImportNotOwned
 	}
 	derived := ""
 	if mg.spec.Type == mcsv1beta1.ClusterSetIP {
@@ -439,6 +484,12 @@ func (m *mcsController) applyImport(ctx context.Context, nn types.NamespacedName
 		if len(ips) == 0 && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			ips = []string{svc.Spec.ClusterIP}
 		}
+		// Only the families some cluster serves: a derived Service stays
+		// dual-stack when the last dual-stack export goes.
+		ips = slices.DeleteFunc(slices.Clone(ips), func(ip string) bool {
+			at, ok := addressType(ip)
+			return ok && !slices.Contains(mg.spec.IPFamilies, familyOf(at))
+		})
 	}
 	want.Spec.IPs = ips
 
@@ -547,7 +598,7 @@ func (m *mcsController) applyDerived(ctx context.Context, nn types.NamespacedNam
 			return nil, fmt.Errorf("creating derived Service %s/%s: %w", nn.Namespace, want.Name, err)
 		}
 	}
-	if derivedUpToDate(existing, want) && len(existing.OwnerReferences) == 1 && existing.OwnerReferences[0].UID == owner.UID {
+	if derivedUpToDate(existing, want) && !growsDualStack(existing, spec.IPFamilies) && len(existing.OwnerReferences) == 1 && existing.OwnerReferences[0].UID == owner.UID {
 		return existing, nil
 	}
 	u := existing.DeepCopy()
@@ -562,6 +613,9 @@ func (m *mcsController) applyDerived(ctx context.Context, nn types.NamespacedNam
 	}
 	u.Spec.InternalTrafficPolicy = want.Spec.InternalTrafficPolicy
 	u.Spec.TrafficDistribution = want.Spec.TrafficDistribution
+	if growsDualStack(existing, spec.IPFamilies) {
+		u.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyPreferDualStack)
+	}
 	updated, err := api.Update(ctx, u, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("updating derived Service %s/%s: %w", nn.Namespace, want.Name, err)
@@ -707,6 +761,8 @@ func (m *mcsController) writeExportStatus(ctx context.Context, nn types.Namespac
 	case !valid:
 		set(mcsv1beta1.ServiceExportConditionReady, metav1.ConditionFalse, mcsv1beta1.ServiceExportReasonFailed, "the export is not valid")
 		meta.RemoveStatusCondition(&conds, string(mcsv1beta1.ServiceExportConditionConflict))
+	case errors.Is(importErr, errImportNotOwned):
+		set(mcsv1beta1.ServiceExportConditionReady, metav1.ConditionFalse, mcsv1beta1.ServiceExportReasonFailed, importErr.Error())
 	case importErr != nil:
 		set(mcsv1beta1.ServiceExportConditionReady, metav1.ConditionUnknown, mcsv1beta1.ServiceExportReasonPending, "importing: "+importErr.Error())
 	default:

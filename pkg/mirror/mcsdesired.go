@@ -79,7 +79,10 @@ type merged struct {
 // mergeExports merges the constituents, oldest export first (ties by
 // cluster ID): the oldest export's type, session affinity, internal traffic
 // policy and traffic distribution win; ports are the union by name, the
-// oldest definition of a name winning; IP families are the union. A
+// oldest definition of a name winning, and a port that would make the union
+// an invalid Service (its number and protocol already there under another
+// name, or an unnamed port among several) is left out as a port conflict;
+// IP families are the union. A
 // constituent that disagrees gets a conflict reason (upstream's reasons).
 func mergeExports(cs []constituent) merged {
 	slices.SortStableFunc(cs, func(a, b constituent) int {
@@ -131,18 +134,32 @@ func mergeExports(cs []constituent) merged {
 			}
 		}
 		portConflict := false
+		conflict := func(format string, args ...any) {
+			if !portConflict {
+				add(string(mcsv1beta1.ServiceExportReasonPortConflict), format, args...)
+			}
+			portConflict = true
+		}
 		for _, p := range c.svc.Spec.Ports {
 			sp := mcsv1beta1.ServicePort{Name: p.Name, Protocol: protocol(p.Protocol), AppProtocol: p.AppProtocol, Port: p.Port}
 			have, ok := byName[p.Name]
 			switch {
-			case !ok:
+			case ok && (have.Port != sp.Port || have.Protocol != sp.Protocol || !equalPtr(have.AppProtocol, sp.AppProtocol)):
+				conflict("port %q is %d/%s, using %d/%s", p.Name, sp.Port, sp.Protocol, have.Port, have.Protocol)
+			case ok:
+			default:
+				// The union must stay a valid Service: one port number per
+				// protocol, and every port named when there are several.
+				if other := samePort(m.spec.Ports, sp); other != nil {
+					conflict("port %d/%s is named %q, using %q", sp.Port, sp.Protocol, sp.Name, other.Name)
+					continue
+				}
+				if len(m.spec.Ports) > 0 && (sp.Name == "" || slices.ContainsFunc(m.spec.Ports, func(x mcsv1beta1.ServicePort) bool { return x.Name == "" })) {
+					conflict("port %q %d/%s cannot join the ports %s: several ports must all be named", sp.Name, sp.Port, sp.Protocol, portList(m.spec.Ports))
+					continue
+				}
 				byName[p.Name] = sp
 				m.spec.Ports = append(m.spec.Ports, sp)
-			case have.Port != sp.Port || have.Protocol != sp.Protocol || !equalPtr(have.AppProtocol, sp.AppProtocol):
-				if !portConflict {
-					add(string(mcsv1beta1.ServiceExportReasonPortConflict), "port %q is %d/%s, using %d/%s", p.Name, sp.Port, sp.Protocol, have.Port, have.Protocol)
-				}
-				portConflict = true
 			}
 		}
 		for _, f := range serviceFamilies(c.svc) {
@@ -157,6 +174,25 @@ func mergeExports(cs []constituent) merged {
 	}
 	slices.SortStableFunc(m.spec.Ports, func(a, b mcsv1beta1.ServicePort) int { return strings.Compare(a.Name, b.Name) })
 	return m
+}
+
+// samePort is the port of ports with p's number and protocol, nil if none.
+func samePort(ports []mcsv1beta1.ServicePort, p mcsv1beta1.ServicePort) *mcsv1beta1.ServicePort {
+	for i := range ports {
+		if ports[i].Port == p.Port && ports[i].Protocol == p.Protocol {
+			return &ports[i]
+		}
+	}
+	return nil
+}
+
+// portList is ports for a message: "http" 80/TCP, ...
+func portList(ports []mcsv1beta1.ServicePort) string {
+	out := make([]string, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, fmt.Sprintf("%q %d/%s", p.Name, p.Port, p.Protocol))
+	}
+	return strings.Join(out, ", ")
 }
 
 func orDefault(p *corev1.ServiceInternalTrafficPolicy) *corev1.ServiceInternalTrafficPolicy {
@@ -205,10 +241,14 @@ func desiredDerivedService(nn types.NamespacedName, spec *mcsv1beta1.ServiceImpo
 	s.Spec.SessionAffinityConfig = spec.SessionAffinityConfig
 	s.Spec.InternalTrafficPolicy = spec.InternalTrafficPolicy
 	s.Spec.TrafficDistribution = spec.TrafficDistribution
-	s.Spec.IPFamilies = spec.IPFamilies
+	// Two families: PreferDualStack without naming them, so that a cluster
+	// with one family gives the Service that one (naming a family the
+	// cluster lacks is refused: "not configured on this cluster").
 	policy := corev1.IPFamilyPolicySingleStack
 	if len(spec.IPFamilies) > 1 {
 		policy = corev1.IPFamilyPolicyPreferDualStack
+	} else {
+		s.Spec.IPFamilies = spec.IPFamilies
 	}
 	s.Spec.IPFamilyPolicy = &policy
 	for _, p := range spec.Ports {
@@ -219,8 +259,26 @@ func desiredDerivedService(nn types.NamespacedName, spec *mcsv1beta1.ServiceImpo
 	return s
 }
 
-// derivedUpToDate compares what meshd sets on the derived Service (not the
-// IP families: they are fixed at creation).
+// growsDualStack reports whether the derived Service have must turn
+// dual-stack: it is single-stack and the import has two families. The
+// update sets ipFamilyPolicy PreferDualStack only; the API server adds the
+// second family where the cluster has one (the primary cannot change) and
+// keeps one where it has not, so one update, never one per sync. A derived
+// Service that turns single-stack again keeps its second cluster IP, which
+// the ServiceImport leaves out.
+func growsDualStack(have *corev1.Service, want []corev1.IPFamily) bool {
+	return len(want) > 1 && (have.Spec.IPFamilyPolicy == nil || *have.Spec.IPFamilyPolicy == corev1.IPFamilyPolicySingleStack)
+}
+
+func familyOf(at discoveryv1.AddressType) corev1.IPFamily {
+	if at == discoveryv1.AddressTypeIPv6 {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
+}
+
+// derivedUpToDate compares what meshd sets on the derived Service (of the
+// IP families: applyDerived checks growsDualStack).
 func derivedUpToDate(have, want *corev1.Service) bool {
 	if have.Spec.Selector != nil || have.Spec.Type != want.Spec.Type || isHeadless(have) ||
 		have.Spec.SessionAffinity != cmp.Or(want.Spec.SessionAffinity, corev1.ServiceAffinityNone) ||

@@ -211,17 +211,20 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 		c.mcs.enqueueAll("")
 	}()
 	if !r.self {
-		go c.probeLoop(ctx, r)
+		// r.live before the probe loop, which freezes it while r's API is down.
 		if c.mcs != nil && c.opts.LeaseNamespace != "" {
 			r.live = newLeaseLiveness(c.now)
 			go c.runNodeLiveness(ctx, r, c.opts.LeaseNamespace)
 		}
+		go c.probeLoop(ctx, r)
 	}
 }
 
 // probeLoop probes r every ProbeInterval. Unreachable for longer than the
 // grace period, r's mirrors are marked not ready; answering again, they are
-// synced from its (relisted) state.
+// synced from its (relisted) state. While r does not answer, the ages of
+// its heartbeat Leases are frozen (no renewal can be seen then), so an API
+// outage shorter than the grace period marks no node dead.
 func (c *Controller) probeLoop(ctx context.Context, r *remote) {
 	probe := r.Probe
 	if probe == nil {
@@ -249,6 +252,9 @@ func (c *Controller) probeLoop(ctx context.Context, r *remote) {
 		r.expired = err != nil && now.Sub(r.lastOK) > c.opts.GracePeriod
 		expired := r.expired
 		r.mu.Unlock()
+		if r.live != nil {
+			r.live.SetAPIReachable(err == nil)
+		}
 		if err == nil {
 			c.metrics.reachable.WithLabelValues(r.Name).Set(1)
 		} else {
