@@ -67,7 +67,7 @@ func (d *daemon) debugState() nodestate.State {
 	s := nodestate.State{
 		Node: r.node, Version: version, Time: time.Now().UTC(), Ready: ready, Readiness: why,
 		Settings: r.settings, LastReconcile: last.UTC(), Errors: errs,
-		WireGuard: nodestate.WireGuard{Interface: d.cfg.Interface, Kind: d.device.Kind(), PublicKey: r.key.PublicKey().String(), Peers: []nodestate.WGPeer{}},
+		WireGuard: nodestate.WireGuard{Interface: d.cfg.Interface, Kind: d.device.Kind(), PublicKey: r.publicKey().String(), Peers: []nodestate.WGPeer{}},
 		Kernel:    nodestate.Kernel{Routes: []string{}, Rules: []string{}, IPTables: []string{}},
 		Probes:    nodestate.Probes{Port: d.cfg.ProbePort, Targets: map[string]string{}},
 	}

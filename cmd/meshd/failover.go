@@ -271,8 +271,10 @@ func (d *daemon) nextLivenessCheck() time.Duration {
 	return wait
 }
 
-// livenessChanged: a local liveness decision changed (a linked cluster's
-// are the link controller's: they arrive as ClusterLink updates).
+// livenessChanged: a local liveness decision changed, or the liveness
+// freeze starts or ends (a linked cluster's decisions are the link
+// controller's: they arrive as ClusterLink updates).
 func (d *daemon) livenessChanged() bool {
-	return d.rec.liveness.Changed()
+	changed := d.rec.liveness.Changed()
+	return d.rec.freeze != nil && d.rec.freeze.due(time.Now()) || changed
 }

@@ -49,13 +49,27 @@ func (f *liveFreeze) selfObserved(now time.Time) {
 	f.selfSeen = now
 }
 
+// freezing is whether the live set is frozen at now (f.mu held).
+func (f *liveFreeze) freezing(now time.Time) bool {
+	stale := now.Sub(f.selfSeen) > f.stale
+	return f.last != nil && (stale || now.Sub(f.recovered) < f.grace)
+}
+
+// due reports whether the freeze starts or ends at now relative to the last
+// plan: the end of the grace changes the plan (nodes that died during the
+// outage go) without any event, so the daemon's tick asks this.
+func (f *liveFreeze) due(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.freezing(now) != f.frozen
+}
+
 // live returns the live set to plan with: live itself, or while the API
 // path is broken (and for the grace after), the last one used before.
 func (f *liveFreeze) live(live map[string]bool, now time.Time) map[string]bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	stale := now.Sub(f.selfSeen) > f.stale
-	freeze := f.last != nil && (stale || now.Sub(f.recovered) < f.grace)
+	freeze := f.freezing(now)
 	if freeze != f.frozen {
 		f.frozen = freeze
 		if freeze {

@@ -54,3 +54,39 @@ func TestLiveFreezeFreshProcess(t *testing.T) {
 		t.Errorf("fresh process froze: %v", got)
 	}
 }
+
+// TestLiveFreezeDue: the end of the grace after an outage changes the plan
+// (a node that died during the outage goes) with no event to say so; due
+// tells the daemon's tick, once, and the start of a freeze likewise.
+func TestLiveFreezeDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	f := newLiveFreeze(slog.New(slog.NewTextHandler(io.Discard, nil)), 40*time.Second, t0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	all, a1dead := map[string]bool{"a1": true, "a2": true}, map[string]bool{"a1": false, "a2": true}
+	f.live(all, at(time.Second))
+	if f.due(at(2 * time.Second)) {
+		t.Fatal("due while healthy")
+	}
+	if !f.due(at(25 * time.Second)) { // own Lease unseen for more than 20 s
+		t.Fatal("the start of the freeze not due")
+	}
+	f.live(a1dead, at(25*time.Second))
+	f.selfObserved(at(60 * time.Second)) // the API is back; the grace runs to 80 s
+	for _, s := range []time.Duration{61, 70, 79} {
+		f.selfObserved(at(s * time.Second))
+		if f.due(at(s * time.Second)) {
+			t.Fatalf("due at %d s, inside the grace", s)
+		}
+		f.live(a1dead, at(s*time.Second))
+	}
+	f.selfObserved(at(81 * time.Second))
+	if !f.due(at(81 * time.Second)) {
+		t.Fatal("the end of the grace not due: the plan would keep dead a1 until an unrelated event or the resync")
+	}
+	if got := f.live(a1dead, at(81*time.Second)); !maps.Equal(got, a1dead) {
+		t.Fatalf("after the grace: live %v, want %v", got, a1dead)
+	}
+	if f.due(at(82 * time.Second)) {
+		t.Fatal("still due after the plan followed")
+	}
+}

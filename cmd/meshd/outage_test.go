@@ -19,6 +19,7 @@ import (
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/secrets"
 	"meshd.io/meshd/pkg/mesh"
+	"meshd.io/meshd/pkg/route"
 )
 
 // TestPeerKeepsPresharedKeyWhenSecretVanishes: the preshared key comes from
@@ -106,7 +107,8 @@ func TestRestoreAppliesPersistedState(t *testing.T) {
 
 	// A restart: nothing in the kernel, no caches (listers panic if read).
 	g := newFakes(t, "a1")
-	g.rec.key, g.rec.stateDir = f.rec.key, dir
+	g.rec.setKey(f.rec.key)
+	g.rec.stateDir = dir
 	g.rec.nodeLister, g.rec.peerLister = nil, nil
 	if !g.rec.restore() {
 		t.Fatal("persisted state not restored")
@@ -199,7 +201,8 @@ func TestLinkedClusterKeepsPeersWhenUnsynced(t *testing.T) {
 	// Restart while the linked cluster is down: first the link Secrets are
 	// not even listed, then listed but the cluster's Nodes never arrive.
 	g := newFakes(t, "a1", nodes...)
-	g.rec.key, g.rec.stateDir = f.rec.key, dir
+	g.rec.setKey(f.rec.key)
+	g.rec.stateDir = dir
 	g.rec.links = &fakeLinks{}
 	if !g.rec.restore() {
 		t.Fatal("no state restored")
@@ -260,5 +263,46 @@ func TestReconcilePanicRecovered(t *testing.T) {
 	f.rec.nodeLister = good
 	if err := f.rec.reconcile(ctx); err != nil {
 		t.Fatalf("reconcile after the panic: %v", err)
+	}
+}
+
+// TestRestoreKeepsPeersOfPartlyFailedReconcile: a reconcile applies a new
+// location's peer but cannot write one of its routes; the state persisted
+// is that plan, so a restart (same kernel, same device) during an API
+// outage does not restore the plan from before and remove the peer.
+func TestRestoreKeepsPeersOfPartlyFailedReconcile(t *testing.T) {
+	dir := t.TempDir()
+	nodes := []*corev1.Node{
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)),
+	}
+	f := newFakes(t, "a1", nodes...)
+	f.rec.stateDir = dir
+	if err := f.rec.reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cKey := newKey(t)
+	f.rec.nodeLister = sliceLister{nodes[0], nodes[1], testNode("c1", "c", "198.51.100.31", "10.42.5.0/24", cKey)}
+	f.kern.SetFail(func(op string, obj any) error {
+		if r, ok := obj.(route.KernelRoute); ok && op == "add route" && r.Dst == netip.MustParsePrefix("10.42.5.0/24") {
+			return errors.New("injected route failure")
+		}
+		return nil
+	})
+	if err := f.rec.reconcile(context.Background()); err == nil {
+		t.Fatal("reconcile: want the injected route failure")
+	}
+	if f.peer(t, cKey) == nil {
+		t.Fatal("c1's peer not applied beside the failed route")
+	}
+	g := newFakes(t, "a1") // the restarted meshd: no Nodes yet, the same kernel and device
+	g.wgc, g.kern = f.wgc, f.kern
+	g.rec.executors = f.rec.executors
+	g.rec.stateDir = dir
+	if !g.rec.restore() {
+		t.Fatal("restore applied nothing")
+	}
+	if f.peer(t, cKey) == nil {
+		t.Fatal("restore after a restart removed c1's working peer: the persisted plan was the one before c1")
 	}
 }

@@ -103,6 +103,9 @@ type reconciler struct {
 	// directory was reported.
 	nextKey        wgtypes.Key
 	rotationWarned bool
+	// pub is the public key of executors.key (setKey), read by other
+	// goroutines.
+	pub atomic.Pointer[wgtypes.Key]
 	// peerStatus takes the Peer findings of every reconcile (nil: none).
 	peerStatus peerReporter
 	// settings is the meshd.io/settings value this node publishes ("":
@@ -248,10 +251,10 @@ func (r *reconciler) apply(ctx context.Context, s snapshot) (err error) {
 	// Apply: every part is attempted even if another fails.
 	errs := r.executors.apply(plan, r.metrics)
 	sw, errs = r.rotationExecuted(sw, errs, rotErr)
-	// The node is programmed: persist it for a restart during an API outage.
-	if len(errs) == 0 {
-		r.saveState(plan)
-	}
+	// Persist what was applied for a restart during an API outage, also
+	// after a partial failure: every part that could be applied was, and
+	// restoring an older plan would undo it (peers that work removed).
+	r.saveState(plan)
 	// Report: publish what other nodes need.
 	perr := r.publish(ctx, in.self, plan, sw, newDiscoveryKeys(in.nodes, in.peers()))
 	if perr != nil {

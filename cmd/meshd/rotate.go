@@ -90,14 +90,14 @@ func (r *reconciler) rotationBefore(self *corev1.Node) (*rotationSwitch, error) 
 		// commit failed): finish.
 		r.log.Info("key rotation: the Node already shows the next key; committing it", "public_key", pub)
 		old := r.key
-		r.key = r.nextKey
+		r.setKey(r.nextKey)
 		if err := r.rotationCommit(old, request); err != nil {
 			return nil, err
 		}
 		return nil, nil
 	case ann[convert.AnnotationNextPublicKey] == pub:
 		sw := &rotationSwitch{old: r.key, next: r.nextKey, request: request}
-		r.key = r.nextKey
+		r.setKey(r.nextKey)
 		return sw, nil
 	}
 	return nil, nil // prepared; the switch waits for the published next key
@@ -165,7 +165,7 @@ func (r *reconciler) rotationUnfinished(sw *rotationSwitch, err error) {
 // rotationAbort puts the old key back after a switch that could not be
 // applied or published.
 func (r *reconciler) rotationAbort(sw *rotationSwitch, why error) {
-	r.key = sw.old
+	r.setKey(sw.old)
 	r.log.Warn("key rotation: switch not completed; keeping the old key and retrying", "error", why)
 }
 

@@ -36,7 +36,8 @@ func rotationFakes(t *testing.T) (*fakes, string) {
 		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
 		testNode("b1", "b", "198.51.100.21", "10.42.3.0/24", newKey(t)),
 	)
-	f.rec.key, f.rec.stateDir = key, dir
+	f.rec.setKey(key)
+	f.rec.stateDir = dir
 	return f, dir
 }
 
@@ -286,4 +287,37 @@ func normalizeNets(ns []net.IPNet) string {
 	}
 	slices.Sort(ss)
 	return strings.Join(ss, ",")
+}
+
+// TestPublicKeyReadDuringRotation: the debug endpoint reads the public key
+// (reconciler.publicKey) from its own goroutine while a rotation switches
+// the key; it sees the key the device uses once the switch is done, and
+// the race detector sees no unsynchronised read.
+func TestPublicKeyReadDuringRotation(t *testing.T) {
+	f, _ := rotationFakes(t)
+	old := f.rec.key
+	if f.rec.publicKey() != old.PublicKey() {
+		t.Fatal("publicKey is not the key's before any rotation")
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = f.rec.publicKey()
+			}
+		}
+	}()
+	f.step(t)
+	f.annotate(t, "a1", map[string]any{convert.AnnotationRotateKey: "r1"})
+	f.step(t) // prepare
+	f.step(t) // switch
+	close(stop)
+	<-done
+	if dev := f.deviceKey(t); dev == old || f.rec.publicKey() != dev.PublicKey() {
+		t.Fatalf("publicKey %s after the switch, device key's %s (old %s)", f.rec.publicKey(), dev.PublicKey(), old.PublicKey())
+	}
 }

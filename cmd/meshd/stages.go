@@ -128,7 +128,7 @@ type reconcilerParts struct {
 // newReconciler builds the reconciler: the one place it is assembled, for
 // the daemon and the tests alike.
 func newReconciler(p reconcilerParts) *reconciler {
-	return &reconciler{
+	r := &reconciler{
 		opts: p.opts, node: p.node, port: p.port, topology: p.topology, facts: p.facts,
 		sources:   p.sources,
 		executors: p.executors,
@@ -140,4 +140,23 @@ func newReconciler(p reconcilerParts) *reconciler {
 		nextKey:  p.nextKey, peerStatus: p.peerStatus, settings: p.settings,
 		leaderCandidates: cmp.Or(p.leaderCandidates, mesh.DefaultLeaderCandidates), republish: p.republish,
 	}
+	r.setKey(p.executors.key)
+	return r
+}
+
+// setKey makes k the WireGuard private key. Only the reconcile goroutine
+// calls it (a key rotation); others read the public key with publicKey.
+func (r *reconciler) setKey(k wgtypes.Key) {
+	r.key = k
+	pub := k.PublicKey()
+	r.pub.Store(&pub)
+}
+
+// publicKey is the public key of the current private key, for readers
+// outside the reconcile goroutine (the debug endpoint).
+func (r *reconciler) publicKey() wgtypes.Key {
+	if p := r.pub.Load(); p != nil {
+		return *p
+	}
+	return wgtypes.Key{}
 }
