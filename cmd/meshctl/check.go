@@ -539,7 +539,7 @@ func underlayHop(m *model, after map[string]stateResult, a, b string) (string, b
 	}
 	switch v := st.s.Probes.Targets[b]; v {
 	case "down":
-		return name, false, fmt.Sprintf("%s's probes to %s on UDP %d get no answer", a, b, st.s.Probes.Port)
+		return name, false, fmt.Sprintf("%s's probes to %s on UDP %d get no answer, or %s answers that it cannot forward (IPv4 forwarding off)", a, b, st.s.Probes.Port, b)
 	case "":
 		return name, true, "not probed"
 	default:

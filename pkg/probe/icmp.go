@@ -26,25 +26,10 @@ func (p *Prober) runICMP(ctx context.Context) error {
 }
 
 func (p *Prober) sendICMP(pc net.PacketConn, id uint16) {
-	p.mu.Lock()
-	type out struct {
-		addr netip.Addr
-		seq  uint64
-	}
-	batch := make([]out, 0, len(p.targets))
-	for _, t := range p.targets {
-		if !t.addr.Addr().Is4() || !t.due() {
-			continue
-		}
-		p.seq++
-		t.seq = p.seq
-		batch = append(batch, out{t.addr.Addr(), t.seq})
-	}
-	p.mu.Unlock()
-	for _, o := range batch {
+	for _, o := range p.due(func(t *target) bool { return t.addr.Addr().Is4() }) {
 		msg := echoRequest(8, id, uint16(o.seq))
-		if _, err := pc.WriteTo(msg, &net.IPAddr{IP: o.addr.AsSlice()}); err != nil {
-			p.log.Debug("sending an ICMP probe", "to", o.addr, "error", err)
+		if _, err := pc.WriteTo(msg, &net.IPAddr{IP: o.addr.Addr().AsSlice()}); err != nil {
+			p.log.Debug("sending an ICMP probe", "to", o.addr.Addr(), "error", err)
 		}
 	}
 }
@@ -67,7 +52,8 @@ func (p *Prober) receiveICMP(ctx context.Context, pc net.PacketConn, id uint16) 
 		if !ok {
 			continue
 		}
-		if p.reply(netip.AddrPortFrom(a.Unmap(), 0), true) {
+		// The target's kernel answers from the address probed.
+		if p.reply(uint64(binary.BigEndian.Uint16(buf[6:])), a, true) {
 			p.changed()
 		}
 	}

@@ -2,22 +2,31 @@
 // the underlay. Every node answers probes on one UDP port and probes a set
 // of targets (in meshd, a leader candidate probes the other candidates: of
 // its own location at their internal IPs, of other locations at their
-// WireGuard endpoint addresses). A target answering is Up; one that answered before and has
-// not answered for DownAfter is Down; one that never answered is Unknown
-// (behind a NAT, a firewall that drops the port, or not started yet) and
-// tells nothing.
+// WireGuard endpoint addresses).
 //
 // A reply also carries the responder's own health (Options.Healthy: can it
-// forward at all); an unhealthy reply counts as no reply. The Prober only
-// observes: what the states mean for leader election is decided elsewhere
-// (meshd publishes them in its heartbeat Lease, see pkg/k8s/liveness). It imports
-// nothing of meshd and nothing of Kubernetes.
+// forward at all). A target answering healthily is Up (at its first reply;
+// back from Down, after UpAfter replies to consecutive probes). One that
+// answered before, healthily or not, and has not answered healthily for
+// DownAfter (times its Every) is Down: silent, or answering that it cannot
+// forward, from the start or not. One that never answered at all is
+// Unknown (behind a NAT, a firewall that drops the port, or not started
+// yet) and tells nothing. The Prober only observes: what the states mean for
+// leader election is decided elsewhere (meshd publishes them in its
+// heartbeat Lease, see pkg/k8s/liveness). It imports nothing of meshd and
+// nothing of Kubernetes.
 //
 // Wire format (16 bytes, both directions): "mshp", version 1, kind (1
 // request, 2 reply healthy, 3 reply unhealthy), two zero bytes, a 64-bit
-// big-endian sequence number echoed by the reply. Probes are not
-// authenticated: someone able to spoof underlay packets can make a dead node
-// look alive (but can equally drop WireGuard traffic).
+// big-endian sequence number echoed by the reply (every version echoes
+// it). Replies are matched to probes by that number, not by their source
+// address: a responder answers from whatever address its routing picks (a
+// node probed at a secondary address or a VIP answers from another one). A
+// reply to none of its target's last few probes (late, or to a probe of an
+// earlier process: the numbers start at random) or a second reply to one is
+// ignored. Probes are not authenticated: someone able to spoof underlay
+// packets can make a dead node look alive (but can equally drop WireGuard
+// traffic).
 //
 // Out of scope: which targets to probe and what their states mean for leader
 // election (cmd/meshd and pkg/k8s/liveness decide), publishing the results
@@ -26,6 +35,7 @@ package probe
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -45,9 +55,10 @@ type State int
 const (
 	// Unknown: the target never answered.
 	Unknown State = iota
-	// Up: the target answers.
+	// Up: the target answers, and can forward.
 	Up
-	// Down: the target answered before, and has not for DownAfter.
+	// Down: the target answered before (able to forward or not), and has
+	// not answered as able to forward for DownAfter.
 	Down
 )
 
@@ -93,16 +104,20 @@ type Options struct {
 	RulePriority int
 	// Interval between two probes of a target (default 500 ms).
 	Interval time.Duration
-	// DownAfter is how long an Up target may stay silent before it is Down
-	// (default 2 s).
+	// DownAfter is how long a target that answered before may go without
+	// a healthy reply before it is Down (default 2 s): an Up target
+	// silent or answering unhealthy, or one answering only unhealthy
+	// replies since its first.
 	DownAfter time.Duration
-	// UpAfter is how many consecutive healthy replies bring a Down target
-	// back Up (default 3). A target seen for the first time is Up at once.
+	// UpAfter is how many healthy replies, to consecutive probes of the
+	// target, bring a Down target back Up (default 3): a probe without a
+	// healthy reply starts the count over. A target seen for the first time
+	// is Up at its first healthy reply.
 	UpAfter int
 	// Healthy reports whether this node can forward; nil means always.
 	Healthy func() bool
 	// OnChange is called (from the prober's goroutine) after a target's
-	// state changed between Up and Down, or first became Up.
+	// state changed between Up and Down, or first became Up or Down.
 	OnChange func()
 	Logger   *slog.Logger
 	// Now is the clock (time.Now when nil).
@@ -117,15 +132,38 @@ type Options struct {
 	ICMP bool
 }
 
+// inFlight is how many of a target's latest probes a reply may answer:
+// a reply to an older one is ignored, and at most inFlight probes per
+// target are remembered.
+const inFlight = 4
+
+// sentProbe is a probe sent to a target.
+type sentProbe struct {
+	key uint64 // its sequence number as on the wire (16 bits for ICMP)
+	n   uint64 // the target's probe count when sent (1, 2, ...); 0: none
+}
+
+// probeRef finds a sent probe by its key.
+type probeRef struct {
+	t *target
+	n uint64
+}
+
 type target struct {
 	name   string
 	addr   netip.AddrPort
 	state  State
 	lastOK time.Time // last healthy reply
-	streak int       // consecutive healthy replies
-	seq    uint64
-	every  int // Target.Every, at least 1
-	skip   int // intervals to skip before the next probe
+	// sickSince is, while Unknown, when the first (unhealthy) reply came.
+	sickSince time.Time
+	// streak counts the healthy replies to consecutive probes, up to the
+	// last one answered.
+	streak   int
+	probes   uint64              // probes sent
+	answered uint64              // the last probe answered (its count; 0: none)
+	sent     [inFlight]sentProbe // the latest probes, at n % inFlight
+	every    int                 // Target.Every, at least 1
+	skip     int                 // intervals to skip before the next probe
 }
 
 // due reports whether t is probed at this interval (see Target.Every); it
@@ -152,9 +190,11 @@ type Prober struct {
 
 	mu      sync.Mutex
 	targets map[string]*target // by name
-	byAddr  map[netip.AddrPort][]*target
-	seq     uint64
-	wake    chan struct{}
+	// bySeq finds the targets' latest probes (sent) by key, until they are
+	// answered: at most inFlight entries per target.
+	bySeq map[uint64]probeRef
+	seq   uint64 // the last sequence number sent; starts at random
+	wake  chan struct{}
 }
 
 // New returns a Prober; nothing happens until Run.
@@ -180,7 +220,10 @@ func New(o Options) (*Prober, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Prober{o: o, log: o.Logger, targets: map[string]*target{}, byAddr: map[netip.AddrPort][]*target{}, wake: make(chan struct{}, 1)}, nil
+	var seq [8]byte
+	_, _ = rand.Read(seq[:])
+	return &Prober{o: o, log: o.Logger, targets: map[string]*target{}, bySeq: map[uint64]probeRef{},
+		seq: binary.BigEndian.Uint64(seq[:]), wake: make(chan struct{}, 1)}, nil
 }
 
 // SetTargets replaces the set of targets. A target whose name and address
@@ -216,9 +259,14 @@ func (p *Prober) SetTargets(ts []Target) bool {
 		return false
 	}
 	p.targets = next
-	p.byAddr = make(map[netip.AddrPort][]*target, len(next))
+	// Replies to the probes of targets gone (or moved) are ignored.
+	p.bySeq = make(map[uint64]probeRef, inFlight*len(next))
 	for _, t := range next {
-		p.byAddr[t.addr] = append(p.byAddr[t.addr], t)
+		for _, s := range t.sent {
+			if s.n > t.answered {
+				p.bySeq[s.key] = probeRef{t, s.n}
+			}
+		}
 	}
 	select {
 	case p.wake <- struct{}{}:
@@ -356,41 +404,79 @@ func (p *Prober) changed() {
 	}
 }
 
-func (p *Prober) send(conn *net.UDPConn) {
+// outProbe is a probe to send.
+type outProbe struct {
+	addr netip.AddrPort
+	seq  uint64
+}
+
+// due counts an interval for the targets that take part (all when ok is
+// nil) and returns the probes due in it, recorded as sent.
+func (p *Prober) due(ok func(*target) bool) []outProbe {
 	p.mu.Lock()
-	type out struct {
-		addr netip.AddrPort
-		seq  uint64
-	}
-	batch := make([]out, 0, len(p.targets))
+	defer p.mu.Unlock()
+	batch := make([]outProbe, 0, len(p.targets))
 	for _, t := range p.targets {
-		if !t.due() {
+		if ok != nil && !ok(t) || !t.due() {
 			continue
 		}
-		p.seq++
-		t.seq = p.seq
-		batch = append(batch, out{t.addr, t.seq})
+		batch = append(batch, outProbe{t.addr, p.record(t)})
 	}
-	p.mu.Unlock()
-	for _, o := range batch {
+	return batch
+}
+
+// record numbers the next probe of t and remembers it in place of t's
+// oldest one; it returns its sequence number (p.mu held).
+func (p *Prober) record(t *target) uint64 {
+	p.seq++
+	key := p.key(p.seq)
+	t.probes++
+	s := &t.sent[t.probes%inFlight]
+	if r, ok := p.bySeq[s.key]; s.n != 0 && ok && r.t == t && r.n == s.n {
+		delete(p.bySeq, s.key) // too old to be answered
+	}
+	*s = sentProbe{key: key, n: t.probes}
+	p.bySeq[key] = probeRef{t, t.probes}
+	return p.seq
+}
+
+// key is the part of a sequence number a reply echoes: all of it, but 16
+// bits in an ICMP echo.
+func (p *Prober) key(seq uint64) uint64 {
+	if p.o.ICMP {
+		return seq & 0xffff
+	}
+	return seq
+}
+
+func (p *Prober) send(conn *net.UDPConn) {
+	for _, o := range p.due(nil) {
 		if _, err := conn.WriteToUDPAddrPort(encode(kindRequest, o.seq), o.addr); err != nil {
 			p.log.Debug("sending a probe", "to", o.addr, "error", err)
 		}
 	}
 }
 
-// expire turns Up targets silent for DownAfter Down; it reports changes.
+// expire turns Down the Up targets without a healthy reply for DownAfter,
+// and the Unknown ones answering only unhealthy replies for as long; it
+// reports changes.
 func (p *Prober) expire() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.o.Now()
 	changed := false
 	for _, t := range p.targets {
-		if t.state == Up && now.Sub(t.lastOK) >= p.downAfter(t) {
+		switch {
+		case t.state == Up && now.Sub(t.lastOK) >= p.downAfter(t):
 			t.state = Down
 			t.streak = 0
 			changed = true
 			p.log.Info("probe target stopped answering", "node", t.name, "addr", t.addr, "silent", now.Sub(t.lastOK).Round(time.Millisecond))
+		case t.state == Unknown && !t.sickSince.IsZero() && now.Sub(t.sickSince) >= p.downAfter(t):
+			t.state = Down
+			t.streak = 0
+			changed = true
+			p.log.Info("probe target answers but cannot forward", "node", t.name, "addr", t.addr, "since", now.Sub(t.sickSince).Round(time.Millisecond))
 		}
 	}
 	return changed
@@ -420,35 +506,59 @@ func (p *Prober) receive(ctx context.Context, conn *net.UDPConn) {
 			}
 			_, _ = conn.WriteToUDPAddrPort(encode(reply, seq), from)
 		case kindHealthy, kindSick:
-			if p.reply(from, kind == kindHealthy) {
+			// Matched by seq alone: the reply's source address may not be
+			// the one probed (see the package doc).
+			if p.reply(seq, netip.Addr{}, kind == kindHealthy) {
 				p.changed()
 			}
 		}
 	}
 }
 
-// reply records an answer from addr; it reports a state change.
-func (p *Prober) reply(from netip.AddrPort, healthy bool) bool {
-	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+// reply records an answer echoing seq (its key, see Prober.key); from,
+// when valid, must be the probed address. It reports a state change.
+// Answers to no recent probe of a target, or to one already answered (or
+// older), are ignored.
+func (p *Prober) reply(seq uint64, from netip.Addr, healthy bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	changed := false
-	for _, t := range p.byAddr[from] {
-		if !healthy {
-			t.streak = 0
-			continue
-		}
-		t.lastOK = p.o.Now()
-		t.streak++
-		switch {
-		case t.state == Unknown:
-			t.state = Up
-			changed = true
-		case t.state == Down && t.streak >= p.o.UpAfter:
-			t.state = Up
-			changed = true
-			p.log.Info("probe target answers again", "node", t.name, "addr", t.addr)
-		}
+	key := p.key(seq)
+	r, ok := p.bySeq[key]
+	if !ok {
+		return false
 	}
-	return changed
+	t := r.t
+	if from.IsValid() && from.Unmap() != t.addr.Addr() {
+		return false
+	}
+	delete(p.bySeq, key)
+	if r.n <= t.answered {
+		return false // overtaken by the answer to a later probe
+	}
+	next := r.n == t.answered+1
+	t.answered = r.n
+	now := p.o.Now()
+	if !healthy {
+		t.streak = 0
+		if t.state == Unknown && t.sickSince.IsZero() {
+			t.sickSince = now
+		}
+		return false
+	}
+	t.lastOK = now
+	if next {
+		t.streak++
+	} else {
+		t.streak = 1 // a probe in between went unanswered
+	}
+	switch {
+	case t.state == Unknown:
+		t.state = Up
+		return true
+	case t.state == Down && t.streak >= p.o.UpAfter:
+		t.state = Up
+		p.log.Info("probe target answers again", "node", t.name, "addr", t.addr)
+		return true
+	}
+	return false
 }

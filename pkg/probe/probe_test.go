@@ -38,6 +38,46 @@ func waitState(t *testing.T, p *Prober, name string, want State, within time.Dur
 	}
 }
 
+// responder answers probes on a loopback socket of its own: kind says
+// what to answer the n-th request (from 1) with, 0 for nothing. It returns
+// its address and the number of requests it got.
+func responder(t *testing.T, kind func(n int32) byte) (netip.AddrPort, *atomic.Int32) {
+	t.Helper()
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	var n atomic.Int32
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			k, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if req, seq, ok := decode(buf[:k]); ok && req == kindRequest {
+				if reply := kind(n.Add(1)); reply != 0 {
+					_, _ = c.WriteToUDPAddrPort(encode(reply, seq), from)
+				}
+			}
+		}
+	}()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort(), &n
+}
+
+// waitCount waits until n reaches want.
+func waitCount(t *testing.T, what string, n *atomic.Int32, want int32, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for n.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d, want %d within %s", what, n.Load(), want, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func start(t *testing.T, p *Prober) context.CancelFunc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -143,33 +183,14 @@ func TestProberEvery(t *testing.T) {
 	}
 	var answer atomic.Bool
 	answer.Store(true)
-	// responder counts the requests it gets and answers while answer holds.
-	responder := func() (netip.AddrPort, *atomic.Int32) {
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		if err != nil {
-			t.Fatal(err)
+	healthy := func(int32) byte {
+		if answer.Load() {
+			return kindHealthy
 		}
-		t.Cleanup(func() { c.Close() })
-		var n atomic.Int32
-		go func() {
-			buf := make([]byte, 64)
-			for {
-				k, from, err := c.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				if kind, seq, ok := decode(buf[:k]); ok && kind == kindRequest {
-					n.Add(1)
-					if answer.Load() {
-						_, _ = c.WriteToUDPAddrPort(encode(kindHealthy, seq), from)
-					}
-				}
-			}
-		}()
-		return c.LocalAddr().(*net.UDPAddr).AddrPort(), &n
+		return 0
 	}
-	slowAddr, slow := responder()
-	fastAddr, fast := responder()
+	slowAddr, slow := responder(t, healthy)
+	fastAddr, fast := responder(t, healthy)
 	a.SetTargets([]Target{{Name: "slow", Addr: slowAddr, Every: 4}, {Name: "fast", Addr: fastAddr}})
 	start(t, a)
 	waitState(t, a, "slow", Up, 5*time.Second)
@@ -225,4 +246,116 @@ func TestLoopIdleWithoutTargets(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// A node probed at an address its replies do not come from (a secondary
+// address or a VIP: the responder's wildcard socket answers from the
+// address its routing picks, here 127.0.0.1 for 127.0.0.2) goes Up, and
+// Down when it stops answering: replies are matched by sequence number.
+func TestProberReplyFromAnotherAddress(t *testing.T) {
+	pa, pb := freePort(t), freePort(t)
+	a, err := New(Options{Port: pa, Interval: 20 * time.Millisecond, DownAfter: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Options{Port: pb, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetTargets([]Target{{Name: "b", Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(pb))}})
+	start(t, a)
+	stopB := start(t, b)
+	waitState(t, a, "b", Up, 5*time.Second)
+	stopB()
+	waitState(t, a, "b", Down, 5*time.Second)
+}
+
+// UpAfter counts replies to consecutive probes: a Down target on a lossy
+// link, answering one probe in three, stays Down however many replies it
+// sends; answering every probe it is Up again. A target probed every 3rd
+// interval counts its own probes, not the intervals.
+func TestProberUpAfterConsecutiveReplies(t *testing.T) {
+	const (
+		all = iota
+		none
+		oneInThree
+	)
+	var mode atomic.Int32
+	kind := func(n int32) byte {
+		switch mode.Load() {
+		case all:
+			return kindHealthy
+		case oneInThree:
+			if n%3 == 0 {
+				return kindHealthy
+			}
+		}
+		return 0
+	}
+	lossyAddr, lossy := responder(t, kind)
+	slowAddr, slow := responder(t, kind)
+	a, err := New(Options{Port: freePort(t), Interval: 10 * time.Millisecond, DownAfter: 100 * time.Millisecond, UpAfter: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetTargets([]Target{{Name: "lossy", Addr: lossyAddr}, {Name: "slow", Addr: slowAddr, Every: 3}})
+	start(t, a)
+	waitState(t, a, "lossy", Up, 5*time.Second)
+	waitState(t, a, "slow", Up, 5*time.Second)
+	mode.Store(none)
+	waitState(t, a, "lossy", Down, 5*time.Second)
+	waitState(t, a, "slow", Down, 5*time.Second)
+
+	mode.Store(oneInThree)
+	l0, s0 := lossy.Load(), slow.Load()
+	waitCount(t, "requests to lossy", lossy, l0+15, 5*time.Second) // 5 replies, none to consecutive probes
+	waitCount(t, "requests to slow", slow, s0+15, 5*time.Second)
+	if got := a.Results(); got["lossy"] != Down || got["slow"] != Down {
+		t.Fatalf("one probe in three answered, UpAfter 3: results %v, want both still down", got)
+	}
+
+	mode.Store(all)
+	waitState(t, a, "lossy", Up, 5*time.Second)
+	waitState(t, a, "slow", Up, 5*time.Second)
+}
+
+// A target that answers from the start, but only that it cannot forward,
+// is Down after DownAfter (times its Every), not Unknown: it must not lead.
+// Once it can forward it is Up after UpAfter replies; a target that never
+// answers stays Unknown.
+func TestProberUnhealthyFromStartIsDown(t *testing.T) {
+	var sick atomic.Bool
+	sick.Store(true)
+	kind := func(int32) byte {
+		if sick.Load() {
+			return kindSick
+		}
+		return kindHealthy
+	}
+	fastAddr, _ := responder(t, kind)
+	slowAddr, _ := responder(t, kind)
+	var changes atomic.Int32
+	a, err := New(Options{Port: freePort(t), Interval: 20 * time.Millisecond, DownAfter: 100 * time.Millisecond, UpAfter: 3,
+		OnChange: func() { changes.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetTargets([]Target{{Name: "fast", Addr: fastAddr}, {Name: "slow", Addr: slowAddr, Every: 4},
+		{Name: "void", Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), 9)}})
+	began := time.Now()
+	start(t, a)
+	waitState(t, a, "fast", Down, 5*time.Second)
+	if changes.Load() == 0 {
+		t.Error("OnChange not called when fast went down")
+	}
+	waitState(t, a, "slow", Down, 5*time.Second)
+	if took := time.Since(began); took < 300*time.Millisecond {
+		t.Errorf("slow target Down after %v of unhealthy replies, want about 4 x 100 ms", took)
+	}
+	if s, ok := a.Results()["void"]; ok {
+		t.Errorf("void never answered: %s, want left out (unknown)", s)
+	}
+	sick.Store(false)
+	waitState(t, a, "fast", Up, 5*time.Second)
+	waitState(t, a, "slow", Up, 5*time.Second)
 }

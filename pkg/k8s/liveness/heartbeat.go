@@ -54,9 +54,10 @@ func NodeNameFromLease(l *coordinationv1.Lease) (node string, ok bool) {
 // Lease is created when missing; holderIdentity is the node and
 // leaseDurationSeconds four intervals. Failures are logged and retried at
 // the next interval; a missing namespace is reported as such (creating it is
-// the manifests' job). Other nodes judge liveness from when they observe the
-// Lease change (see Liveness), so the renew times need not agree with their
-// clocks.
+// the manifests' job), and a Lease deleted by someone else is created again
+// at the next interval. Other nodes judge liveness from when they observe
+// the Lease change (see Liveness), so the renew times need not agree with
+// their clocks.
 func RunHeartbeat(ctx context.Context, c kubernetes.Interface, namespace, nodeName string, interval time.Duration, log *slog.Logger) error {
 	return RunHeartbeatWith(ctx, c, HeartbeatOptions{Namespace: namespace, Node: nodeName, Interval: interval, Logger: log})
 }
@@ -125,10 +126,14 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 		}
 		if err != nil {
 			failing = true
-			if apierrors.IsNotFound(err) && h.lease == nil {
+			switch {
+			case errors.Is(err, errNamespaceMissing):
 				log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
 					"namespace", namespace, "retry", o.Interval, "error", err)
-			} else {
+			case errors.Is(err, errLeaseDeleted):
+				log.Warn("the heartbeat Lease was deleted (not by this meshd); creating it again at the next renewal",
+					"retry", o.Interval, "error", err)
+			default:
 				log.Error("renewing the heartbeat Lease failed; retrying", "retry", o.Interval, "error", err)
 			}
 		} else if failing {
@@ -191,7 +196,16 @@ func (h *heartbeat) durationSeconds() int32 {
 	return int32(min(max(s, 1), math.MaxInt32))
 }
 
-// renew writes a fresh renewTime, creating the Lease if needed.
+// What a failed renewal found missing: only a NotFound from the Create
+// (after a NotFound from the Get) means the namespace is missing; one from
+// the Update means the Lease was deleted since the last write.
+var (
+	errNamespaceMissing = errors.New("namespace missing")
+	errLeaseDeleted     = errors.New("deleted since the last renewal")
+)
+
+// renew writes a fresh renewTime, creating the Lease if needed. A failure
+// wraps errNamespaceMissing or errLeaseDeleted when it is one of those.
 func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 	leases := h.c.CoordinationV1().Leases(h.namespace)
 	name := LeaseName(h.node)
@@ -200,6 +214,9 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 		switch {
 		case apierrors.IsNotFound(err):
 			created, err := leases.Create(ctx, h.build(&coordinationv1.Lease{}, now), metav1.CreateOptions{FieldManager: convert.FieldManager})
+			if apierrors.IsNotFound(err) {
+				return fmt.Errorf("creating Lease %s/%s: %w: %w", h.namespace, name, errNamespaceMissing, err)
+			}
 			if err != nil {
 				return fmt.Errorf("creating Lease %s/%s: %w", h.namespace, name, err)
 			}
@@ -213,6 +230,9 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 	updated, err := leases.Update(ctx, h.build(h.lease.DeepCopy(), now), metav1.UpdateOptions{FieldManager: convert.FieldManager})
 	if err != nil {
 		h.lease = nil // re-read next time (conflict, deleted, ...)
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("renewing Lease %s/%s: %w: %w", h.namespace, name, errLeaseDeleted, err)
+		}
 		return fmt.Errorf("renewing Lease %s/%s: %w", h.namespace, name, err)
 	}
 	h.lease = updated

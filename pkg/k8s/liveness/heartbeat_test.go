@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -51,6 +52,8 @@ func TestHeartbeatRenew(t *testing.T) {
 	}
 	if err := h.renew(ctx, t0.Add(20*time.Second)); err == nil {
 		t.Fatal("renewing a deleted lease succeeded")
+	} else if !errors.Is(err, errLeaseDeleted) || errors.Is(err, errNamespaceMissing) {
+		t.Fatalf("renewing a deleted lease: %v, want errLeaseDeleted only", err)
 	}
 	if err := h.renew(ctx, t0.Add(30*time.Second)); err != nil {
 		t.Fatalf("recreating: %v", err)
@@ -108,5 +111,51 @@ func TestRunHeartbeat(t *testing.T) {
 	}
 	if err := RunHeartbeat(context.Background(), c, "", "", time.Second, nil); err == nil {
 		t.Error("empty node name accepted")
+	}
+}
+
+// A Lease deleted under a running heartbeat (its namespace still there): the
+// failed renewal says the Lease was deleted, not that the namespace is
+// missing, and the next renewal creates it again.
+func TestRunHeartbeatLeaseDeleted(t *testing.T) {
+	c := fake.NewClientset()
+	var mu sync.Mutex
+	deleted := false
+	c.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !deleted { // someone deletes the Lease just before this renewal
+			deleted = true
+			if err := c.Tracker().Delete(a.GetResource(), a.GetNamespace(), "meshd-n1"); err != nil {
+				t.Errorf("deleting the Lease: %v", err)
+			}
+		}
+		return false, nil, nil
+	})
+	var logs testlog.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunHeartbeat(ctx, c, "ns", "n1", 5*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "renewed again") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Lease was not renewed again after its deletion; logs:\n%s", logs.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunHeartbeat returned %v on cancel", err)
+	}
+	if strings.Contains(logs.String(), "namespace is missing") {
+		t.Errorf("a deleted Lease logged as a missing namespace; logs:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "heartbeat Lease was deleted") {
+		t.Errorf("the deletion is not logged as such; logs:\n%s", logs.String())
+	}
+	if _, err := c.CoordinationV1().Leases("ns").Get(context.Background(), "meshd-n1", metav1.GetOptions{}); err != nil {
+		t.Errorf("the Lease was not created again: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -196,5 +197,70 @@ func TestLivenessFrozenDuringOutage(t *testing.T) {
 	clock.Step(time.Second)
 	if l.Live()["a"] {
 		t.Fatal("a outlived its remaining time")
+	}
+}
+
+// A Lease renewed while frozen (this node's own writes fail, the watch
+// still delivers) ages from when the freeze ends: it gets its timeout then,
+// not the outage on top. Before, unfreezing shifted it by the whole outage
+// too, so a node renewing once during a 10-minute freeze and then dying
+// stayed live for 10 minutes and 40 s after the API server answered again.
+func TestLivenessRenewedWhileFrozenGetsNoOutageTime(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := NewLiveness(40*time.Second, clock.Now)
+	l.Observe(lease("x", "1", clock.Now()))
+	l.Observe(lease("y", "1", clock.Now()))
+	clock.Step(10 * time.Second)
+	l.SetAPIReachable(false)
+	clock.Step(600 * time.Second)
+	l.Observe(lease("x", "2", clock.Now())) // x's last renewal
+	if !l.Live()["x"] || !l.Live()["y"] {
+		t.Fatalf("while frozen: Live() = %v, want x and y live", l.Live())
+	}
+	clock.Step(time.Second)
+	l.SetAPIReachable(true)
+	// y renewed 10 s before the freeze: 30 s left. x was renewed during
+	// it: the full 40 s, from the end of the freeze.
+	if next, ok := l.NextChange(); !ok || !next.Equal(clock.Now().Add(30*time.Second)) {
+		t.Errorf("NextChange() = %v %v, want y's expiry in 30 s", next, ok)
+	}
+	clock.Step(39 * time.Second)
+	if got := l.Live(); !got["x"] || got["y"] {
+		t.Fatalf("39 s after the freeze: Live() = %v, want x live, y dead", got)
+	}
+	if next, ok := l.NextChange(); !ok || !next.Equal(clock.Now().Add(time.Second)) {
+		t.Errorf("NextChange() = %v %v, want x's expiry in 1 s (40 s after the freeze)", next, ok)
+	}
+	clock.Step(time.Second)
+	if l.Live()["x"] {
+		t.Fatal("x still live 40 s after the freeze ended (timeout 40 s): the outage was added to a renewal seen during it")
+	}
+}
+
+// A Lease stale on first sight is dead also when first seen while frozen
+// (this process starts during an API outage and its first heartbeat write
+// fails), and after the freeze; a change brings it back as usual.
+func TestLivenessStaleOnFirstSightWhileFrozen(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := NewLiveness(40*time.Second, clock.Now)
+	l.SetAPIReachable(false)
+	clock.Step(5 * time.Second)
+	l.Observe(lease("dead", "1", clock.Now().Add(-24*time.Hour))) // the informer's list
+	l.Observe(lease("fresh", "1", clock.Now().Add(-5*time.Second)))
+	if got := l.Live(); got["dead"] || !got["fresh"] {
+		t.Fatalf("first sight while frozen: Live() = %v, want fresh live and the Lease renewed a day ago dead", got)
+	}
+	if !l.LeaseExpired("dead") || !l.StaleOnFirstSight("dead") || !slices.Equal(l.ExpiredLeases(), []string{"dead"}) {
+		t.Errorf("first sight while frozen: LeaseExpired %v, StaleOnFirstSight %v, ExpiredLeases %v; want dead expired and stale",
+			l.LeaseExpired("dead"), l.StaleOnFirstSight("dead"), l.ExpiredLeases())
+	}
+	clock.Step(100 * time.Second)
+	l.SetAPIReachable(true)
+	if got := l.Live(); got["dead"] || !got["fresh"] {
+		t.Fatalf("after the freeze: Live() = %v, want fresh live, dead dead", got)
+	}
+	l.Observe(lease("dead", "2", clock.Now()))
+	if !l.Live()["dead"] {
+		t.Error("a renewal of a Lease stale on first sight did not make it live")
 	}
 }

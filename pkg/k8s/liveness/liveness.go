@@ -19,7 +19,9 @@ import (
 const (
 	// AnnotationProbeUp lists the nodes that answer this node's probes.
 	AnnotationProbeUp = convert.AnnotationPrefix + "probe-up"
-	// AnnotationProbeDown lists the nodes that answered before and stopped.
+	// AnnotationProbeDown lists the nodes that answered before and have
+	// not answered as able to forward for the probes' down time (silent,
+	// or answering that they cannot forward).
 	AnnotationProbeDown = convert.AnnotationPrefix + "probe-down"
 	// AnnotationClustersUp lists the linked clusters whose tunnel this node
 	// (a location leader) probes and that answer through it.
@@ -152,7 +154,10 @@ func (d Decision) equal(o Decision) bool {
 //
 // While the API server is unreachable (SetAPIReachable(false)), lease ages
 // stop: losing sight of everyone is not everyone dying. When it answers
-// again, every Lease gets back the time it had left.
+// again, every Lease gets back the time it had left. A Lease that changes
+// meanwhile (the watch may still deliver) ages from when the freeze ends: it
+// has its timeout left then, not more (the outage counts for no Lease, for
+// or against it), and one stale on first sight is dead, frozen or not.
 //
 // Hysteresis: a node that becomes live (back from dead, or voted up again)
 // is Settling for the takeover delay, and leads only where no settled node
@@ -268,10 +273,17 @@ func (l *Liveness) Observe(lease *coordinationv1.Lease) bool {
 		return false
 	}
 	now := l.now()
-	o := observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: now, timeout: timeout, report: report}
+	// While frozen, lease ages stand still: an observation is timed at the
+	// freeze, so it ages from when the freeze ends, like every other.
+	at := now
+	if !l.frozenAt.IsZero() {
+		at = l.frozenAt
+	}
+	o := observation{resourceVersion: lease.ResourceVersion, renewTime: renew, at: at, timeout: timeout, report: report}
 	if !known && !renew.IsZero() && now.Sub(renew) >= timeout {
-		// Stale on first sight: dead until it changes (see the type doc).
-		o.at, o.staleSight = now.Add(-timeout), now
+		// Stale on first sight: dead until it changes (see the type doc),
+		// frozen or not.
+		o.at, o.staleSight = at.Add(-timeout), now
 	}
 	if known && !prev.staleSight.IsZero() && now.Sub(prev.staleSight) < timeout {
 		o.renewedAfterStaleSight = true
@@ -309,6 +321,9 @@ func (l *Liveness) SetAPIReachable(ok bool) bool {
 		l.touch()
 		return true
 	case ok && !l.frozenAt.IsZero():
+		// Every observation is timed at or before frozenAt (Observe times
+		// those made while frozen at frozenAt): each gets back the time it
+		// had left at the freeze, and none more than its timeout.
 		d := now.Sub(l.frozenAt)
 		for n, o := range l.seen {
 			o.at = o.at.Add(d)
