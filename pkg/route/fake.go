@@ -13,17 +13,23 @@ import (
 // FakeKernel is an in-memory Kernel for tests. It keeps the kernel's rules
 // that matter to meshd: one route per slot (family, table, destination,
 // metric) with EEXIST on a second add, replace in place, exact-match delete,
-// ENODEV for unknown interfaces, plain rules with EEXIST on duplicates. Each
-// change is announced to subscribers; a subscriber whose buffer is full is
-// dropped (its channel closed), as the kernel does on ENOBUFS;
-// DropSubscriptions does the same on demand.
+// ENODEV for unknown interfaces, ENETDOWN for a link that is down,
+// ENETUNREACH for a gateway on no connected network of a link that is up,
+// plain rules with EEXIST on duplicates. Each change is announced to
+// subscribers, except the IPv4 routes the kernel removes silently (see
+// DelLink, SetLinkUp, DelAddr); a subscriber whose buffer is full is dropped
+// (its channel closed), as the kernel does on ENOBUFS; DropSubscriptions
+// does the same on demand.
 type FakeKernel struct {
 	mu        sync.Mutex
 	routes    map[KernelRoute]bool
 	rules     map[KernelRule]bool
 	links     map[string]int
+	down      map[int]bool
 	connected map[netip.Prefix]int // for choosing the device of a gateway route
+	addrs     map[netip.Addr]int   // the connected prefixes' addresses
 	nextLink  int
+	noV6Rules bool
 	subs      map[*fakeSub]bool
 	writes    uint64
 	subscribe int
@@ -46,7 +52,9 @@ func NewFakeKernel() *FakeKernel {
 		routes:    map[KernelRoute]bool{},
 		rules:     map[KernelRule]bool{},
 		links:     map[string]int{},
+		down:      map[int]bool{},
 		connected: map[netip.Prefix]int{},
+		addrs:     map[netip.Addr]int{},
 		nextLink:  2,
 		subs:      map[*fakeSub]bool{},
 	}
@@ -69,19 +77,101 @@ func (f *FakeKernel) SetSubscribeErr(err error) {
 	f.subscribeErr = err
 }
 
-// AddLink creates an interface (a new index each time), notifies it and
-// returns its index; the prefixes are its connected networks.
-func (f *FakeKernel) AddLink(name string, connected ...netip.Prefix) int {
+// DisableIPv6Rules makes f a kernel without IPv6 policy routing (booted
+// with ipv6.disable=1, or built without CONFIG_IPV6_MULTIPLE_TABLES):
+// ListRules lists IPv4 rules only, as the real Kernel does there, and adding
+// or deleting an IPv6 rule fails with EAFNOSUPPORT.
+func (f *FakeKernel) DisableIPv6Rules() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.noV6Rules = true
+	for r := range f.rules {
+		if r.Family == FamilyV6 {
+			delete(f.rules, r)
+		}
+	}
+}
+
+// AddLink creates an interface, up (a new index each time), notifies it and
+// returns its index; the prefixes are its addresses, whose networks are
+// connected.
+func (f *FakeKernel) AddLink(name string, addrs ...netip.Prefix) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	idx := f.nextLink
 	f.nextLink++
 	f.links[name] = idx
-	for _, p := range connected {
+	for _, p := range addrs {
 		f.connected[p.Masked()] = idx
+		f.addrs[p.Addr()] = idx
 	}
 	f.notifyLocked(Event{Link: &LinkEvent{Index: idx}})
 	return idx
+}
+
+// SetLinkUp sets an interface up or down and notifies it. As the kernel
+// does, down removes the routes through it: the IPv4 ones silently, the
+// IPv6 ones with a notification.
+func (f *FakeKernel) SetLinkUp(name string, up bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx, ok := f.links[name]
+	if !ok {
+		return
+	}
+	f.down[idx] = !up
+	if !up {
+		for r := range f.routes {
+			if r.LinkIndex != idx {
+				continue
+			}
+			delete(f.routes, r)
+			if r.Family == FamilyV6 {
+				f.notifyLocked(Event{Route: &r, Deleted: true})
+			}
+		}
+	}
+	f.notifyLocked(Event{Link: &LinkEvent{Index: idx}})
+}
+
+// AddAddr adds an address to an interface (its network becomes connected)
+// and notifies it.
+func (f *FakeKernel) AddAddr(name string, p netip.Prefix) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx, ok := f.links[name]
+	if !ok {
+		return
+	}
+	f.connected[p.Masked()] = idx
+	f.addrs[p.Addr()] = idx
+	f.notifyLocked(Event{Addr: &AddrEvent{LinkIndex: idx, Addr: p.Addr()}})
+}
+
+// DelAddr removes an address from an interface and notifies that alone:
+// when it was the link's last IPv4 address, it removes every IPv4 route
+// through the link silently, as the kernel does.
+func (f *FakeKernel) DelAddr(name string, p netip.Prefix) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx, ok := f.links[name]
+	if !ok || f.addrs[p.Addr()] != idx {
+		return
+	}
+	delete(f.addrs, p.Addr())
+	delete(f.connected, p.Masked())
+	lastV4 := p.Addr().Is4()
+	for a, i := range f.addrs {
+		if i == idx && a.Is4() {
+			lastV4 = false
+		}
+	}
+	for r := range f.routes {
+		if lastV4 && r.Family == FamilyV4 && r.LinkIndex == idx {
+			delete(f.routes, r)
+		}
+	}
+	f.notifyLocked(Event{Addr: &AddrEvent{LinkIndex: idx, Addr: p.Addr(), Deleted: true}})
 }
 
 // DelLink removes an interface and, silently as the kernel does for IPv4,
@@ -91,9 +181,15 @@ func (f *FakeKernel) DelLink(name string) {
 	defer f.mu.Unlock()
 	idx := f.links[name]
 	delete(f.links, name)
+	delete(f.down, idx)
 	for p, i := range f.connected {
 		if i == idx {
 			delete(f.connected, p)
+		}
+	}
+	for a, i := range f.addrs {
+		if i == idx {
+			delete(f.addrs, a)
 		}
 	}
 	for r := range f.routes {
@@ -204,10 +300,13 @@ func (f *FakeKernel) resolveLocked(r KernelRoute) (KernelRoute, error) {
 		if !slices.Contains(slices.Collect(maps.Values(f.links)), r.LinkIndex) {
 			return r, syscall.ENODEV
 		}
+		if f.down[r.LinkIndex] {
+			return r, syscall.ENETDOWN
+		}
 		return r, nil
 	}
 	for p, idx := range f.connected {
-		if r.Gateway.IsValid() && p.Contains(r.Gateway) {
+		if r.Gateway.IsValid() && p.Contains(r.Gateway) && !f.down[idx] {
 			r.LinkIndex = idx
 			return r, nil
 		}
@@ -287,14 +386,21 @@ func (f *FakeKernel) ListRules() ([]KernelRule, error) {
 	return slices.Collect(maps.Keys(f.rules)), nil
 }
 
+func (f *FakeKernel) ruleFamilyLocked(r KernelRule) error {
+	if r.Family != FamilyV4 && (r.Family != FamilyV6 || f.noV6Rules) {
+		return syscall.EAFNOSUPPORT
+	}
+	return nil
+}
+
 func (f *FakeKernel) AddRule(r KernelRule) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail("add rule", r); err != nil {
 		return err
 	}
-	if r.Family != FamilyV4 && r.Family != FamilyV6 {
-		return syscall.EAFNOSUPPORT
+	if err := f.ruleFamilyLocked(r); err != nil {
+		return err
 	}
 	for have := range f.rules {
 		if have.id() == r.id() {
@@ -310,6 +416,9 @@ func (f *FakeKernel) DelRule(r KernelRule) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail("delete rule", r); err != nil {
+		return err
+	}
+	if err := f.ruleFamilyLocked(r); err != nil {
 		return err
 	}
 	for have := range f.rules {

@@ -121,10 +121,11 @@ func (r KernelRule) String() string {
 // Event is one notification from a [Kernel] subscription.
 type Event struct {
 	// Route is set for a route notification, Rule for a rule notification,
-	// Link for a link notification.
+	// Link for a link notification, Addr for an address notification.
 	Route *KernelRoute
 	Rule  *KernelRule
 	Link  *LinkEvent
+	Addr  *AddrEvent
 	// Deleted is true for RTM_DELROUTE / RTM_DELRULE.
 	Deleted bool
 	// Err reports that notifications may have been lost (a receive error,
@@ -142,6 +143,17 @@ type LinkEvent struct {
 	Deleted bool // RTM_DELLINK
 }
 
+// AddrEvent is an address notification: an address was added to or
+// removed from an interface. The kernel removes the IPv4 routes through a
+// link that loses its last IPv4 address (a DHCP client re-applying its
+// lease) without a route notification; an address added may let a route
+// that could not be added (its gateway unreachable) be added now.
+type AddrEvent struct {
+	LinkIndex int
+	Addr      netip.Addr
+	Deleted   bool // RTM_DELADDR
+}
+
 // Kernel is the seam between the Manager and the kernel's routing state.
 // Implementations must be safe for concurrent use.
 type Kernel interface {
@@ -152,13 +164,15 @@ type Kernel interface {
 	ReplaceRoute(KernelRoute) error // replaces the route in the same slot
 	DelRoute(KernelRoute) error
 	// ListRules lists the plain rules of both families; rules with any
-	// other selector or action are left out.
+	// other selector or action are left out. A kernel without IPv6 policy
+	// routing (ipv6.disable=1, or no CONFIG_IPV6_MULTIPLE_TABLES) has no
+	// IPv6 rules: its IPv4 rules are listed all the same.
 	ListRules() ([]KernelRule, error)
 	AddRule(KernelRule) error
 	DelRule(KernelRule) error
 	// LinkIndex resolves an interface name.
 	LinkIndex(name string) (int, error)
-	// Subscribe starts route, rule and link notifications. The channel is closed
+	// Subscribe starts route, rule, link and address notifications. The channel is closed
 	// when the subscription dies (the kernel dropped it, e.g. ENOBUFS) or
 	// done is closed; the caller must then resubscribe.
 	Subscribe(done <-chan struct{}) (<-chan Event, error)

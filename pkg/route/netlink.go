@@ -173,16 +173,26 @@ func (k *netlinkKernel) DelRoute(r KernelRoute) error {
 	return k.h.RouteDel(nr)
 }
 
-func (k *netlinkKernel) ListRules() ([]KernelRule, error) {
+func (k *netlinkKernel) ListRules() ([]KernelRule, error) { return listRules(k.h.RuleList) }
+
+// listRules lists the plain rules of both families with list (a RuleList).
+// A kernel without IPv6 policy routing (booted with ipv6.disable=1, or built
+// without CONFIG_IPV6_MULTIPLE_TABLES) refuses the IPv6 dump with
+// EAFNOSUPPORT: it has no IPv6 rules, and its IPv4 rules are listed all the
+// same (adding an IPv6 rule fails there, for that rule alone).
+func listRules(list func(family int) ([]netlink.Rule, error)) ([]KernelRule, error) {
 	var out []KernelRule
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		var rules []netlink.Rule
 		var err error
 		for range dumpRetries {
-			rules, err = k.h.RuleList(fam)
+			rules, err = list(fam)
 			if !errors.Is(err, netlink.ErrDumpInterrupted) {
 				break
 			}
+		}
+		if fam == netlink.FAMILY_V6 && errors.Is(err, unix.EAFNOSUPPORT) {
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -226,9 +236,9 @@ func (k *netlinkKernel) LinkIndex(name string) (int, error) {
 	return l.Attrs().Index, nil
 }
 
-// Subscribe merges netlink's route subscription with a raw rtnetlink socket
-// for rules (netlink v1.3.1 has no RuleSubscribe). If either dies, both are
-// closed and the merged channel is closed.
+// Subscribe merges netlink's route, link and address subscriptions with a
+// raw rtnetlink socket for rules (netlink v1.3.1 has no RuleSubscribe). If
+// any dies, all are closed and the merged channel is closed.
 func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 	sub := &subscription{stop: make(chan struct{}), out: make(chan Event, 64)}
 	routes, err := k.subscribeRoutes(sub)
@@ -251,10 +261,21 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 		}
 		return nil, err
 	}
+	addrs, err := k.subscribeAddrs(sub)
+	if err != nil {
+		sub.shutdown()
+		rules.Close()
+		for range routes {
+		}
+		for range links {
+		}
+		return nil, err
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { sub.pumpRoutes(routes) })
 	wg.Go(func() { sub.pumpRules(rules) })
 	wg.Go(func() { sub.pumpLinks(links) })
+	wg.Go(func() { sub.pumpAddrs(addrs) })
 	go func() {
 		select {
 		case <-done:
@@ -270,8 +291,8 @@ func (k *netlinkKernel) Subscribe(done <-chan struct{}) (<-chan Event, error) {
 	return sub.out, nil
 }
 
-// subscription is one merged route and rule subscription: out carries its
-// events until stop is closed.
+// subscription is one merged route, rule, link and address subscription:
+// out carries its events until stop is closed.
 type subscription struct {
 	stop chan struct{}
 	once sync.Once
@@ -331,6 +352,32 @@ func (s *subscription) pumpLinks(links <-chan netlink.LinkUpdate) {
 	defer s.shutdown()
 	for u := range links {
 		s.send(Event{Link: &LinkEvent{Index: int(u.Index), Deleted: u.Header.Type == unix.RTM_DELLINK}})
+	}
+}
+
+// subscribeAddrs subscribes to address notifications (both families),
+// closed with s.stop.
+func (k *netlinkKernel) subscribeAddrs(s *subscription) (chan netlink.AddrUpdate, error) {
+	addrs := make(chan netlink.AddrUpdate, 64)
+	err := netlink.AddrSubscribeWithOptions(addrs, s.stop, netlink.AddrSubscribeOptions{
+		Namespace:              k.subscribeNS(),
+		ReceiveBufferSize:      k.rcvBuf,
+		ReceiveBufferForceSize: k.rcvBufForce,
+		ErrorCallback:          func(err error) { s.send(Event{Err: fmt.Errorf("address notifications: %w", err)}) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to address notifications: %w", err)
+	}
+	return addrs, nil
+}
+
+// pumpAddrs forwards address notifications until the subscription ends.
+func (s *subscription) pumpAddrs(addrs <-chan netlink.AddrUpdate) {
+	defer s.shutdown()
+	for u := range addrs {
+		if a := ipAddr(u.LinkAddress.IP); a.IsValid() {
+			s.send(Event{Addr: &AddrEvent{LinkIndex: u.LinkIndex, Addr: a, Deleted: !u.NewAddr}})
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -69,6 +70,16 @@ type Manager struct {
 	routeState   map[KernelRoute]bool // our routes in the kernel after the last sync (never mutated once stored)
 	ruleState    map[KernelRule]bool  // ids of our rules in the kernel after the last sync (idem)
 	desiredRules map[KernelRule]bool  // ids of the desired rules (idem)
+	// chosenLinks is, for each desired route whose device the kernel
+	// chooses (keyed without it), the link it was last seen through: the
+	// link to watch while the route is missing.
+	chosenLinks map[KernelRoute]int
+	// routeLinks are the links of the routes, desired or in the kernel,
+	// after the last sync (never mutated once stored); routesMissing says
+	// that the sync left a desired route out of the kernel (or does not
+	// know: a listing failed).
+	routeLinks    map[int]bool
+	routesMissing bool
 
 	// view is what the last sync left, for Run to judge notifications by
 	// without waiting for a Set in progress.
@@ -98,7 +109,11 @@ type view struct {
 	routes       map[KernelRoute]bool
 	rules        map[KernelRule]bool
 	desiredRules map[KernelRule]bool
-	links        map[int]bool // the links our routes go through
+	links        map[int]bool // the links our routes go, or would go, through
+	// missing: a desired route is not in the kernel (not addable at the
+	// last sync: its device down, its gateway unreachable), or a listing
+	// failed.
+	missing bool
 }
 
 // NewWithKernel returns a Manager working through k.
@@ -194,32 +209,27 @@ func (m *Manager) syncLocked() error {
 	var errs []error
 	errs = append(errs, m.syncRoutes()...)
 	errs = append(errs, m.syncRules()...)
-	links := map[int]bool{}
-	for r := range m.routeState {
-		if r.LinkIndex != 0 {
-			links[r.LinkIndex] = true
-		}
-	}
 	m.view.Store(&view{
 		haveDesired:  m.haveDesired,
 		tables:       maps.Clone(m.tables),
 		routes:       m.routeState,
 		rules:        m.ruleState,
 		desiredRules: m.desiredRules,
-		links:        links,
+		links:        m.routeLinks,
+		missing:      m.routesMissing,
 	})
 	m.clean = 0
-	if len(errs) == 0 && m.watching.Load() {
+	if len(errs) == 0 && !m.routesMissing && m.watching.Load() {
 		m.clean = start + 1
 	}
 	return errors.Join(errs...)
 }
 
 // desiredRouteKeys turns the desired routes into kernel identities,
-// resolving device names once each.
-func (m *Manager) desiredRouteKeys() (map[KernelRoute]bool, []error) {
-	var errs []error
-	want := make(map[KernelRoute]bool, len(m.routes))
+// resolving device names once each; unresolved says that a device was not
+// found (it may come: a link notification is worth a retry).
+func (m *Manager) desiredRouteKeys() (want map[KernelRoute]bool, unresolved bool, errs []error) {
+	want = make(map[KernelRoute]bool, len(m.routes))
 	links := map[string]int{}
 	linkErrs := map[string]error{}
 	for _, r := range m.routes {
@@ -237,6 +247,7 @@ func (m *Manager) desiredRouteKeys() (map[KernelRoute]bool, []error) {
 				}
 				idx, err = m.k.LinkIndex(r.Device)
 				if err != nil {
+					unresolved = true
 					linkErrs[r.Device] = err
 					errs = append(errs, fmt.Errorf("route %s: resolve device %q: %w", r.Dst, r.Device, err))
 					continue
@@ -248,7 +259,7 @@ func (m *Manager) desiredRouteKeys() (map[KernelRoute]bool, []error) {
 		m.tables[k.Table] = true
 		want[k] = true
 	}
-	return want, errs
+	return want, unresolved, errs
 }
 
 // routeKey validates and normalizes r (without its device).
@@ -327,13 +338,21 @@ func sortedRoutes(set map[KernelRoute]bool, keep func(KernelRoute) bool) []Kerne
 }
 
 func (m *Manager) syncRoutes() []error {
-	want, errs := m.desiredRouteKeys()
+	want, unresolved, errs := m.desiredRouteKeys()
+	chosen := map[KernelRoute]bool{} // desired routes whose device the kernel chooses
+	for r := range want {
+		if r.LinkIndex == 0 && r.Type == TypeUnicast {
+			chosen[r] = true
+		}
+	}
 	have, err := m.ownedRoutes()
 	if err != nil {
 		// Without knowing what is there, writing could only guess.
+		m.routesMissing = true
 		return append(errs, err)
 	}
 	matchAnyLink(want, have)
+	var added []KernelRoute // added or replaced, the kernel choosing the device
 
 	stale := map[slot]KernelRoute{}
 	for h := range have {
@@ -353,6 +372,9 @@ func (m *Manager) syncRoutes() []error {
 			delete(stale, r.slot())
 			delete(have, old)
 			have[r] = true
+			if chosen[r] {
+				added = append(added, r)
+			}
 			continue
 		}
 		if err := m.write("add route", r, func() error { return m.k.AddRoute(r) }); err != nil {
@@ -360,6 +382,9 @@ func (m *Manager) syncRoutes() []error {
 			continue
 		}
 		have[r] = true
+		if chosen[r] {
+			added = append(added, r)
+		}
 	}
 	for _, r := range sortedRoutes(have, func(r KernelRoute) bool { return !want[r] }) {
 		if err := m.write("delete route", r, func() error { return m.k.DelRoute(r) }); err != nil {
@@ -368,8 +393,92 @@ func (m *Manager) syncRoutes() []error {
 		}
 		delete(have, r)
 	}
+	learnErr := m.learnLinks(added, want, have)
+	if learnErr != nil {
+		errs = append(errs, learnErr)
+	}
 	m.routeState = have
+	m.noteRoutes(chosen, want, have)
+	// A device that is not there yet, or a link not read back, may be
+	// what a link notification is about.
+	m.routesMissing = m.routesMissing || unresolved || learnErr != nil
 	return errs
+}
+
+// learnLinks reads back from the kernel the routes just added without a
+// device, so that what the sync leaves records the link the kernel chose
+// for each: the link whose notifications tell Run that the kernel may have
+// dropped the route. It lists only the tables those routes are in, only
+// when there are some, and only while Run watches (Run starts with a full
+// resync, which reads them back anyway): an unchanged Set lists nothing
+// more.
+func (m *Manager) learnLinks(added []KernelRoute, want, have map[KernelRoute]bool) error {
+	if len(added) == 0 || !m.watching.Load() {
+		return nil
+	}
+	tables := map[int]bool{}
+	for _, r := range added {
+		tables[r.Table] = true
+	}
+	var errs []error
+	for _, t := range slices.Sorted(maps.Keys(tables)) {
+		rs, err := m.k.ListRoutes(t, m.opts.Protocol)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list routes of table %d: %w", t, err))
+			continue
+		}
+		inKernel := make(map[KernelRoute]KernelRoute, len(rs))
+		for _, h := range rs {
+			z := h
+			z.LinkIndex = 0
+			inKernel[z] = h
+		}
+		for _, r := range added {
+			if r.Table != t {
+				continue
+			}
+			delete(have, r)
+			if h, ok := inKernel[r]; ok {
+				delete(want, r)
+				want[h], have[h] = true, true
+			} // else gone already: missing, and repaired as such
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// noteRoutes records, after a sync, the links of the routes desired and in
+// the kernel, and whether a desired route is missing.
+func (m *Manager) noteRoutes(chosen, want, have map[KernelRoute]bool) {
+	links := map[int]bool{}
+	chosenLinks := make(map[KernelRoute]int, len(chosen))
+	missing := false
+	for r := range want {
+		missing = missing || !have[r]
+	}
+	for _, set := range []map[KernelRoute]bool{want, have} {
+		for r := range set {
+			if r.LinkIndex != 0 {
+				links[r.LinkIndex] = true
+			}
+			if r.LinkIndex != 0 && r.Type == TypeUnicast {
+				z := r
+				z.LinkIndex = 0
+				if chosen[z] {
+					chosenLinks[z] = r.LinkIndex
+				}
+			}
+		}
+	}
+	for z := range chosen {
+		if _, ok := chosenLinks[z]; !ok {
+			if idx, ok := m.chosenLinks[z]; ok {
+				chosenLinks[z] = idx // not in the kernel now: watch where it was
+				links[idx] = true
+			}
+		}
+	}
+	m.chosenLinks, m.routeLinks, m.routesMissing = chosenLinks, links, missing
 }
 
 // ownedRoutes lists meshd's routes (its protocol) in the tables it owns.
@@ -459,9 +568,7 @@ func (m *Manager) syncRules() []error {
 			state[id] = true
 			continue
 		}
-		r := id
-		r.Protocol = m.opts.Protocol
-		if err := m.write("add", r, func() error { return m.k.AddRule(r) }); err != nil {
+		if err := m.addRule(id); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -479,6 +586,17 @@ func (m *Manager) syncRules() []error {
 	}
 	m.ruleState = state
 	return errs
+}
+
+// addRule adds the rule with id, tagged with meshd's protocol.
+func (m *Manager) addRule(id KernelRule) error {
+	r := id
+	r.Protocol = m.opts.Protocol
+	err := m.write("add", r, func() error { return m.k.AddRule(r) })
+	if err != nil && r.Family == FamilyV6 && errors.Is(err, syscall.EAFNOSUPPORT) {
+		return fmt.Errorf("%w (this kernel has no IPv6 policy routing: booted with ipv6.disable=1, or built without CONFIG_IPV6_MULTIPLE_TABLES)", err)
+	}
+	return err
 }
 
 func mapKeys[V any](m map[KernelRule]V) map[KernelRule]bool {

@@ -401,11 +401,21 @@ func (d *Device) setLink(cfg Config) error {
 	}
 	have, _ := normalizeAddrs(st.Addrs)
 	for _, p := range want {
-		if !slices.Contains(have, p) {
-			d.writes.Add(1)
-			if err := d.links.AddAddr(d.name, p); err != nil && !errors.Is(err, os.ErrExist) {
-				errs = append(errs, fmt.Errorf("adding address %s to %s: %w", p, d.name, err))
-			}
+		if slices.Contains(have, p) {
+			continue
+		}
+		// IPv6 knows an address by the address alone: while it is on the
+		// link with another prefix length the kernel refuses the add
+		// (EEXIST), so that entry goes first.
+		var err error
+		have, err = d.delOtherPrefixLen(p, want, have)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.writes.Add(1)
+		if err := d.links.AddAddr(d.name, p); err != nil && !errors.Is(err, os.ErrExist) {
+			errs = append(errs, fmt.Errorf("adding address %s to %s: %w", p, d.name, err))
 		}
 	}
 	for _, p := range have {
@@ -418,6 +428,31 @@ func (d *Device) setLink(cfg Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// delOtherPrefixLen removes from the link the unwanted entries of IPv6
+// address p's address with another prefix length, and returns have without
+// them. IPv4 keeps one entry per address and prefix length, so p added
+// beside them is no conflict, and they are removed after the add as any
+// other unwanted address is.
+func (d *Device) delOtherPrefixLen(p netip.Prefix, want, have []netip.Prefix) ([]netip.Prefix, error) {
+	if !p.Addr().Is6() {
+		return have, nil
+	}
+	out := have[:0:0]
+	var errs []error
+	for _, h := range have {
+		if h.Addr() != p.Addr() || slices.Contains(want, h) {
+			out = append(out, h)
+			continue
+		}
+		d.writes.Add(1)
+		if err := d.links.DelAddr(d.name, h); err != nil {
+			errs = append(errs, fmt.Errorf("removing address %s from %s to add it as %s: %w", h, d.name, p, err))
+			out = append(out, h)
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 func (d *Device) setWireGuard(cfg Config) error {

@@ -429,6 +429,40 @@ func TestLinkAddressesAndMTU(t *testing.T) {
 	}
 }
 
+// TestLinkAddressPrefixLengthChange: the mesh address is on the link with
+// another prefix length (an older meshd, or set by hand). IPv6 holds one
+// entry per address, so the old entry is removed before the new one is
+// added (adding first is refused); IPv4 holds both, so the new one is added
+// first. Either way the wanted address ends up on the link, alone.
+func TestLinkAddressPrefixLengthChange(t *testing.T) {
+	for _, c := range []struct{ name, have, want string }{
+		{"ipv6 /64 to /128", "fd00:4::1/64", "fd00:4::1/128"},
+		{"ipv6 /128 to /64", "fd00:4::1/128", "fd00:4::1/64"},
+		{"ipv4 /24 to /32", "10.4.0.1/24", "10.4.0.1/32"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, _, l := newFake(t)
+			ll := netip.MustParsePrefix("fe80::1/64")
+			for _, p := range pfx(c.have, ll.String()) {
+				if err := l.AddAddr(fakeName, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := Config{Addresses: pfx(c.want)}
+			mustSet(t, d, cfg)
+			st, _ := l.Link(fakeName)
+			if want := sortCompact(pfx(c.want, ll.String())); !slices.Equal(sortCompact(st.Addrs), want) {
+				t.Fatalf("addresses on the link after Set = %v, want %v", st.Addrs, want)
+			}
+			calls := l.Calls
+			mustSet(t, d, cfg)
+			if l.Calls != calls {
+				t.Fatalf("a repeated Set made %d link writes, want 0", l.Calls-calls)
+			}
+		})
+	}
+}
+
 // TestRandomConfigsReplay replays random configurations in random order:
 // after each Set the device equals the config, repeating it writes nothing,
 // and changing one peer writes exactly that peer.

@@ -217,7 +217,9 @@ func copyConfig(c wgtypes.Config) wgtypes.Config {
 	return c
 }
 
-// FakeLinks is an in-memory LinkOps holding one link per name.
+// FakeLinks is an in-memory LinkOps holding one link per name. As the
+// kernel does, it refuses (os.ErrExist) an IPv6 address already on the link
+// with any prefix length, and an IPv4 address with the same one.
 type FakeLinks struct {
 	mu    sync.Mutex
 	links map[string]*LinkState
@@ -272,7 +274,9 @@ func (f *FakeLinks) SetUp(name string) error {
 
 func (f *FakeLinks) AddAddr(name string, p netip.Prefix) error {
 	return f.do(name, func(l *LinkState) error {
-		if slices.Contains(l.Addrs, p) {
+		if slices.ContainsFunc(l.Addrs, func(h netip.Prefix) bool {
+			return h == p || (p.Addr().Is6() && h.Addr() == p.Addr())
+		}) {
 			return fmt.Errorf("fake: address %s: %w", p, os.ErrExist)
 		}
 		l.Addrs = append(l.Addrs, p)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -575,4 +576,69 @@ func TestRootTwoNamespacesTunnel(t *testing.T) {
 	tcpEcho(t, a.ns, b.ns, "10.77.0.2:7778")
 	a.dev.Delete()
 	b.dev.Delete()
+}
+
+// TestRootAddressPrefixLengthChange: on a real link in a fresh namespace,
+// an address present with another prefix length than the wanted one ends
+// up with the wanted one. IPv6 keeps one entry per address (a second add
+// is EEXIST), which once left the link without the address at all.
+func TestRootAddressPrefixLengthChange(t *testing.T) {
+	requireRoot(t)
+	ns := lockedNewNS(t)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	const name = "mwg0" // a veth stands in for the WireGuard link: setLink is the same
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"fd00:4::1/64", "10.4.0.1/24"} {
+		ipn, err := netlink.ParseIPNet(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := NewFakeClient()
+	c.AddDevice(name)
+	links := netlinkOps{h}
+	d := NewWithClient(name, c, links, 0, testLogger(t))
+	// The kernel adds an fe80:: address once the link is up; Set leaves it.
+	global := func() []netip.Prefix {
+		t.Helper()
+		st, err := links.Link(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []netip.Prefix
+		for _, p := range st.Addrs {
+			if !p.Addr().IsLinkLocalUnicast() {
+				out = append(out, p)
+			}
+		}
+		return sortCompact(out)
+	}
+	for _, want := range [][]netip.Prefix{
+		pfx("fd00:4::1/128", "10.4.0.1/32"),
+		pfx("fd00:4::1/64", "10.4.0.1/24"),
+	} {
+		cfg := Config{Addresses: want}
+		mustSet(t, d, cfg)
+		if got := global(); !slices.Equal(got, sortCompact(slices.Clone(want))) {
+			t.Fatalf("addresses on %s after Set(%v) = %v, want exactly those", name, want, got)
+		}
+		w := d.Writes()
+		mustSet(t, d, cfg)
+		if d.Writes() != w {
+			t.Fatalf("a repeated Set(%v) made %d writes, want 0", want, d.Writes()-w)
+		}
+	}
 }
