@@ -1,7 +1,6 @@
 package mirror
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,13 +9,10 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"meshd.io/meshd/pkg/k8s/liveness"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
@@ -98,40 +94,7 @@ func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
 // never syncs, and its slices are kept (never deleted on a partial view),
 // but set not ready once it has been unreachable past the grace period.
 func TestUnsyncedSourceNotReadyAfterGrace(t *testing.T) {
-	nn := types.NamespacedName{Namespace: "shop", Name: "web"}
-	si := &unstructured.Unstructured{}
-	si.SetAPIVersion(ServiceImportGVR.GroupVersion().String())
-	si.SetKind("ServiceImport")
-	si.SetNamespace("shop")
-	si.SetName("web")
-	si.SetUID("si-uid")
-	si.SetLabels(map[string]string{liveness.LabelManagedBy: liveness.ManagedBy})
-	_ = unstructured.SetNestedField(si.Object, "Headless", "spec", "type")
-	_ = unstructured.SetNestedSlice(si.Object, []any{map[string]any{"cluster": "c9"}}, "status", "clusters")
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: mcsSliceName(nn, "c9", "x"), Namespace: "shop", Labels: map[string]string{
-			liveness.LabelManagedBy: liveness.ManagedBy, LabelServiceName: "web", LabelSourceCluster: "c9", discoveryv1.LabelManagedBy: ManagedByMirror}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.249.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true)}}},
-	}
-	c9 := newFakeRemote("c9")
-	c9.down.Store(true)
-	c9.dyn.PrependReactor("list", "serviceexports", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("connection refused")
-	})
-	dyn := newLocalDynamic(si)
-	opts := Options{NoMirrors: true, ClusterID: localID, LocalDynamic: dyn, StaticRemotes: true, ProbeInterval: 5 * time.Millisecond, GracePeriod: time.Minute}
-	e := &mcsEnv{env: &env{t: t, local: fake.NewClientset(localObjects(nil, slice)...), clock: &fakeClock{t: t0}, metrics: NewMetrics(nil), done: make(chan struct{})}, dyn: dyn}
-	mcsDiscovery(e.local)
-	opts.Now, opts.Resync = e.clock.Now, -1
-	e.c = New(testLogger(t), e.local, nil, e.metrics, opts)
-	if err := e.c.AddRemote(c9.remote()); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	go func() { defer close(e.done); _ = e.c.Run(ctx) }()
-	t.Cleanup(e.stop)
+	e := startUnsyncedC9(t, Options{GracePeriod: time.Minute}, true, nil)
 	state := func() (ready bool, err error) {
 		sls := e.importSlices("shop", "web")
 		if len(sls) != 1 {
@@ -139,12 +102,6 @@ func TestUnsyncedSourceNotReadyAfterGrace(t *testing.T) {
 		}
 		return deref(sls[0].Endpoints[0].Conditions.Ready) || deref(sls[0].Endpoints[0].Conditions.Serving), nil
 	}
-	eventually(t, func() error {
-		if !e.c.mcs.running.Load() {
-			return errors.New("MCS not running")
-		}
-		return nil
-	})
 	e.c.mcs.enqueue("shop", "web")
 	never(t, 200*time.Millisecond, func() error {
 		if r, err := state(); err != nil || !r {

@@ -326,10 +326,12 @@ func TestMergeExports(t *testing.T) {
 	}
 }
 
-// TestMCSNeverDeletesBeforeResync: a source cluster that has not synced (a
-// restart, a new leader, linkerd2#12499) keeps its imported slices and the
-// ServiceImport, however long it takes.
-func TestMCSNeverDeletesBeforeResync(t *testing.T) {
+// startUnsyncedC9 runs the MCS controller of a cluster whose ServiceImport
+// shop/web (Headless) lists source c9, with c9's slice kept from before a
+// restart (its endpoint ready or not), c9 unreachable and unable to list its
+// ServiceExports, so it never syncs; it returns once MCS runs.
+func startUnsyncedC9(t *testing.T, opts Options, ready bool, localSvc *corev1.Service, localDyn ...runtime.Object) *mcsEnv {
+	t.Helper()
 	nn := types.NamespacedName{Namespace: "shop", Name: "web"}
 	si := &unstructured.Unstructured{}
 	si.SetAPIVersion(ServiceImportGVR.GroupVersion().String())
@@ -346,16 +348,17 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.249.0.1"}}},
 	}
-	// c9 cannot list its ServiceExports: it never syncs.
+	if ready {
+		slice.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true)}
+	}
 	c9 := newFakeRemote("c9")
+	c9.down.Store(true)
 	c9.dyn.PrependReactor("list", "serviceexports", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, fmt.Errorf("connection refused")
 	})
-	// The local cluster exports web as a ClusterIP Service: a partial view
-	// would turn the import into ClusterSetIP.
-	dyn := newLocalDynamic(si, exportAt("shop", "web", t0))
-	opts := Options{NoMirrors: true, ClusterID: localID, LocalDynamic: dyn, StaticRemotes: true, ProbeInterval: 5 * time.Millisecond}
-	e := &mcsEnv{env: &env{t: t, local: fake.NewClientset(localObjects(remoteService("shop", "web", "10.96.0.10", 80), slice)...), clock: &fakeClock{t: t0}, metrics: NewMetrics(nil), done: make(chan struct{})}, dyn: dyn}
+	dyn := newLocalDynamic(append([]runtime.Object{si}, localDyn...)...)
+	opts.NoMirrors, opts.ClusterID, opts.LocalDynamic, opts.StaticRemotes, opts.ProbeInterval = true, localID, dyn, true, 5*time.Millisecond
+	e := &mcsEnv{env: &env{t: t, local: fake.NewClientset(localObjects(localSvc, slice)...), clock: &fakeClock{t: t0}, metrics: NewMetrics(nil), done: make(chan struct{})}, dyn: dyn}
 	mcsDiscovery(e.local)
 	opts.Now, opts.Resync = e.clock.Now, -1
 	e.c = New(testLogger(t), e.local, nil, e.metrics, opts)
@@ -372,6 +375,16 @@ func TestMCSNeverDeletesBeforeResync(t *testing.T) {
 		}
 		return nil
 	})
+	return e
+}
+
+// TestMCSNeverDeletesBeforeResync: a source cluster that has not synced (a
+// restart, a new leader, linkerd2#12499) keeps its imported slices and the
+// ServiceImport, however long it takes.
+func TestMCSNeverDeletesBeforeResync(t *testing.T) {
+	// The local cluster exports web as a ClusterIP Service: a partial view
+	// would turn the import into ClusterSetIP.
+	e := startUnsyncedC9(t, Options{}, false, remoteService("shop", "web", "10.96.0.10", 80), exportAt("shop", "web", t0))
 	e.c.mcs.enqueue("shop", "web")
 	never(t, 300*time.Millisecond, func() error {
 		got, err := e.serviceImport("shop", "web")

@@ -62,7 +62,7 @@ func TestRunRepairsGatewayRouteAfterUnderlayDownUp(t *testing.T) {
 		t.Fatal("the route came back through a link that is down")
 	}
 	f.SetLinkUp("eth0", true)
-	took := waitFor(t, 500*time.Millisecond, "gateway route back after eth0 came up", func() bool { return equalSets(ours(f), want) })
+	took := waitFor(t, 2*time.Second, "gateway route back after eth0 came up", func() bool { return equalSets(ours(f), want) })
 	t.Logf("route back %v after eth0 came up", took)
 	mustSet(t, m, gatewayRoutes, []Rule{{}})
 	if got := ours(f); !equalSets(got, want) {
@@ -113,7 +113,7 @@ func TestRunRepairsRoutesAfterAddressRemoved(t *testing.T) {
 				t.Fatal("the route by gateway came back while its gateway was unreachable")
 			}
 			f.AddAddr("eth0", pfx("198.51.100.1/24"))
-			took := waitFor(t, 500*time.Millisecond, "routes back after the address", func() bool { return equalSets(ours(f), want) })
+			took := waitFor(t, 2*time.Second, "routes back after the address", func() bool { return equalSets(ours(f), want) })
 			t.Logf("routes back %v after the address", took)
 			mustSet(t, m, routes, []Rule{{}})
 			if got := ours(f); !equalSets(got, want) {
@@ -198,7 +198,7 @@ func TestNetlinkGatewayRouteUnderlayDownUp(t *testing.T) {
 	if err := tn.h.LinkSetUp(l); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 500*time.Millisecond, "gateway route back after veth0 came up", func() bool { return equalSets(tn.ourRoutes(t), want) })
+	took := waitFor(t, 2*time.Second, "gateway route back after veth0 came up", func() bool { return equalSets(tn.ourRoutes(t), want) })
 	t.Logf("route back %v after veth0 came up", took)
 	mustSet(t, m, gatewayRoutes, rootRules)
 	if got := tn.ourRoutes(t); !equalSets(got, want) {
@@ -242,7 +242,7 @@ func TestNetlinkRoutesUnderlayReaddress(t *testing.T) {
 	if err := tn.h.AddrAdd(l, a); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 500*time.Millisecond, "routes back after the address", func() bool { return equalSets(tn.ourRoutes(t), want) })
+	took := waitFor(t, 2*time.Second, "routes back after the address", func() bool { return equalSets(tn.ourRoutes(t), want) })
 	t.Logf("routes back %v after the address", took)
 	mustSet(t, m, routes, rootRules)
 	if got := tn.ourRoutes(t); !equalSets(got, want) {
