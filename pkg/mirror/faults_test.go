@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"meshd.io/meshd/pkg/k8s/liveness"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -38,27 +36,8 @@ func (r *remote) probeFailing() bool {
 // not dead, its imported endpoints stay ready. Once it answers again the
 // ages count on, and a Lease that is not renewed expires.
 func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
-	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
-			Labels: map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}},
-		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(10))},
-	}
-	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
-		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}), lease)
-	e := startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
-	ready := func() (bool, error) {
-		sls := e.importSlices("shop", "web")
-		if len(sls) != 1 || len(sls[0].Endpoints) != 1 {
-			return false, fmt.Errorf("%d import slices, want 1 with 1 endpoint", len(sls))
-		}
-		return deref(sls[0].Endpoints[0].Conditions.Ready), nil
-	}
-	eventually(t, func() error {
-		if r, err := ready(); err != nil || !r {
-			return fmt.Errorf("imported endpoint not ready yet (%v)", err)
-		}
-		return nil
-	})
+	e, c2, _, ready := startLeaseFollowing(t)
+	eventually(t, ready(true))
 	c2.down.Store(true)
 	r := e.remoteOf("c2")
 	eventually(t, func() error {
@@ -69,8 +48,8 @@ func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
 	})
 	e.clock.Advance(11 * time.Second) // past the Lease's 10 s, far inside the grace period
 	never(t, 300*time.Millisecond, func() error {
-		if r, err := ready(); err != nil || !r {
-			return fmt.Errorf("imported endpoint not ready 11 s into c2's API outage, grace period 1h (%v)", err)
+		if err := ready(true)(); err != nil {
+			return fmt.Errorf("11 s into c2's API outage, grace period 1h: %w", err)
 		}
 		return nil
 	})
@@ -82,12 +61,7 @@ func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
 		return nil
 	})
 	e.clock.Advance(11 * time.Second) // c2 answers, its node renews nothing
-	eventually(t, func() error {
-		if r, err := ready(); err != nil || r {
-			return fmt.Errorf("imported endpoint still ready 11 s after c2 answers again without a renewal (%v)", err)
-		}
-		return nil
-	})
+	eventually(t, ready(false))
 }
 
 // The mirror restarts while a source cluster is unreachable: the source

@@ -420,30 +420,39 @@ func TestMCSCRDsMissing(t *testing.T) {
 	e.checkMirror("shop", "web", "c1", "shop/web", "10.96.0.10", true, 80)
 }
 
-// TestStaleEndpointsFollowSourceLeases: an imported endpoint on a node whose
-// meshd heartbeat Lease (in the source cluster) expired turns not ready; a
-// renewal makes it ready again.
-func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
-	lease := &coordinationv1.Lease{
+// startLeaseFollowing runs MCS with source c2 exporting shop/web, whose one
+// endpoint is on a node with a 10 s heartbeat Lease the mirror follows
+// (grace period 1h); ready(want) checks that endpoint's import.
+func startLeaseFollowing(t *testing.T) (e *mcsEnv, c2 *fakeRemote, lease *coordinationv1.Lease, ready func(want bool) func() error) {
+	t.Helper()
+	lease = &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
 			Labels: map[string]string{liveness.LabelManagedBy: liveness.ManagedBy}},
 		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr(int32(10))},
 	}
-	c2 := newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
+	c2 = newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
 		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}), lease)
-	e := startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
-	ready := func(want bool) func() error {
+	e = startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
+	ready = func(want bool) func() error {
 		return func() error {
 			sls := e.importSlices("shop", "web")
 			if len(sls) != 1 || len(sls[0].Endpoints) != 1 {
-				return fmt.Errorf("%d slices", len(sls))
+				return fmt.Errorf("%d import slices, want 1 with 1 endpoint", len(sls))
 			}
 			if r := sls[0].Endpoints[0].Conditions.Ready; r == nil || *r != want {
-				return fmt.Errorf("ready %v, want %v", r, want)
+				return fmt.Errorf("imported endpoint ready %v, want %v", r, want)
 			}
 			return nil
 		}
 	}
+	return e, c2, lease, ready
+}
+
+// TestStaleEndpointsFollowSourceLeases: an imported endpoint on a node whose
+// meshd heartbeat Lease (in the source cluster) expired turns not ready; a
+// renewal makes it ready again.
+func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
+	e, c2, lease, ready := startLeaseFollowing(t)
 	eventually(t, ready(true))
 	e.clock.Advance(11 * time.Second)
 	eventually(t, ready(false))
