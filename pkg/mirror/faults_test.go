@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -36,7 +37,7 @@ func (r *remote) probeFailing() bool {
 // not dead, its imported endpoints stay ready. Once it answers again the
 // ages count on, and a Lease that is not renewed expires.
 func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
-	e, c2, _, ready := startLeaseFollowing(t)
+	e, c2, _, ready := startLeaseFollowing(t, time.Hour)
 	eventually(t, ready(true))
 	c2.down.Store(true)
 	r := e.remoteOf("c2")
@@ -282,4 +283,43 @@ func TestDesiredDerivedServiceDualStack(t *testing.T) {
 	if len(s.Spec.IPFamilies) != 1 || s.Spec.IPFamilies[0] != corev1.IPv6Protocol || *s.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack {
 		t.Errorf("families %v policy %v, want [IPv6] SingleStack", s.Spec.IPFamilies, *s.Spec.IPFamilyPolicy)
 	}
+}
+
+// A source outage longer than the grace period, during which the node
+// behind the endpoint died: the outage counts against its Lease past the
+// grace period, so when the source answers again the endpoint stays not
+// ready until the Lease is seen renewed.
+func TestImportNotReadyAfterLongSourceOutage(t *testing.T) {
+	e, c2, lease, ready := startLeaseFollowing(t, time.Minute)
+	eventually(t, ready(true))
+	c2.down.Store(true)
+	r := e.remoteOf("c2")
+	eventually(t, func() error {
+		if !r.probeFailing() {
+			return errors.New("c2's outage not seen by the probe yet")
+		}
+		return nil
+	})
+	e.clock.Advance(5 * time.Minute) // past the grace period; the node renews nothing
+	eventually(t, func() error {
+		if !r.isExpired() {
+			return errors.New("c2 not past the grace period yet")
+		}
+		return nil
+	})
+	eventually(t, ready(false))
+	c2.down.Store(false)
+	eventually(t, func() error {
+		if r.probeFailing() || r.isExpired() {
+			return errors.New("c2 not answering again yet")
+		}
+		return nil
+	})
+	never(t, 300*time.Millisecond, ready(false))
+	// The node renews its Lease: ready again.
+	lease.ResourceVersion = "2"
+	if _, err := c2.kube.CoordinationV1().Leases("meshd-system").Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ready(true))
 }

@@ -422,8 +422,8 @@ func TestMCSCRDsMissing(t *testing.T) {
 
 // startLeaseFollowing runs MCS with source c2 exporting shop/web, whose one
 // endpoint is on a node with a 10 s heartbeat Lease the mirror follows
-// (grace period 1h); ready(want) checks that endpoint's import.
-func startLeaseFollowing(t *testing.T) (e *mcsEnv, c2 *fakeRemote, lease *coordinationv1.Lease, ready func(want bool) func() error) {
+// (with grace period grace); ready(want) checks that endpoint's import.
+func startLeaseFollowing(t *testing.T, grace time.Duration) (e *mcsEnv, c2 *fakeRemote, lease *coordinationv1.Lease, ready func(want bool) func() error) {
 	t.Helper()
 	lease = &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: liveness.LeaseName("remote-node"), Namespace: "meshd-system", ResourceVersion: "1",
@@ -432,7 +432,7 @@ func startLeaseFollowing(t *testing.T) (e *mcsEnv, c2 *fakeRemote, lease *coordi
 	}
 	c2 = newFakeRemote("c2", remoteService("shop", "web", "10.112.0.10", 80), exportAt("shop", "web", t0),
 		remoteSlice("shop", "web", "web-c2", 8080, ep{ip: "10.245.0.1", ready: true}), lease)
-	e = startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: time.Hour}, localObjects(nil), nil, c2)
+	e = startMCS(t, Options{NoMirrors: true, LeaseNamespace: "meshd-system", GracePeriod: grace}, localObjects(nil), nil, c2)
 	ready = func(want bool) func() error {
 		return func() error {
 			sls := e.importSlices("shop", "web")
@@ -452,7 +452,7 @@ func startLeaseFollowing(t *testing.T) (e *mcsEnv, c2 *fakeRemote, lease *coordi
 // meshd heartbeat Lease (in the source cluster) expired turns not ready; a
 // renewal makes it ready again.
 func TestStaleEndpointsFollowSourceLeases(t *testing.T) {
-	e, c2, lease, ready := startLeaseFollowing(t)
+	e, c2, lease, ready := startLeaseFollowing(t, time.Hour)
 	eventually(t, ready(true))
 	e.clock.Advance(11 * time.Second)
 	eventually(t, ready(false))

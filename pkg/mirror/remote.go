@@ -224,7 +224,8 @@ func (c *Controller) startRemote(ctx context.Context, r *remote) {
 // grace period, r's mirrors are marked not ready; answering again, they are
 // synced from its (relisted) state. While r does not answer, the ages of
 // its heartbeat Leases are frozen (no renewal can be seen then), so an API
-// outage shorter than the grace period marks no node dead.
+// outage shorter than the grace period marks no node dead; past the grace
+// period they count again, from where the grace period ended.
 func (c *Controller) probeLoop(ctx context.Context, r *remote) {
 	probe := r.Probe
 	if probe == nil {
@@ -253,7 +254,17 @@ func (c *Controller) probeLoop(ctx context.Context, r *remote) {
 		expired := r.expired
 		r.mu.Unlock()
 		if r.live != nil {
-			r.live.SetAPIReachable(err == nil)
+			switch {
+			case err == nil:
+				r.live.SetAPIReachable(true)
+			case expired:
+				// Past the grace period the outage counts against the
+				// Leases: a node that died meanwhile is not live again
+				// when r answers.
+				r.live.Thaw(c.opts.GracePeriod)
+			default:
+				r.live.SetAPIReachable(false)
+			}
 		}
 		if err == nil {
 			c.metrics.reachable.WithLabelValues(r.Name).Set(1)

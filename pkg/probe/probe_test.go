@@ -345,8 +345,11 @@ func TestProberUnhealthyFromStartIsDown(t *testing.T) {
 	began := time.Now()
 	start(t, a)
 	waitState(t, a, "fast", Down, 5*time.Second)
-	if changes.Load() == 0 {
-		t.Error("OnChange not called when fast went down")
+	// OnChange runs after the state is visible in Results: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); changes.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("OnChange not called when fast went down")
+		}
 	}
 	waitState(t, a, "slow", Down, 5*time.Second)
 	if took := time.Since(began); took < 300*time.Millisecond {

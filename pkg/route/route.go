@@ -86,6 +86,7 @@ type Manager struct {
 	view atomic.Pointer[view]
 
 	writes       atomic.Uint64
+	applied      atomic.Uint64 // writes the kernel took (a repair is one that wrote)
 	resubscribes atomic.Uint64
 	syncs        atomic.Uint64
 	skips        atomic.Uint64
@@ -182,16 +183,18 @@ func (m *Manager) Cleanup() error {
 	return m.syncLocked()
 }
 
-// resync re-applies the last desired set; it reports whether it wrote.
+// resync re-applies the last desired set; it reports whether it wrote
+// something the kernel took (a retry whose add fails again changed
+// nothing: no repair to report).
 func (m *Manager) resync() (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.haveDesired {
 		return false, nil
 	}
-	before := m.writes.Load()
+	before := m.applied.Load()
 	err := m.syncLocked()
-	return m.writes.Load() != before, err
+	return m.applied.Load() != before, err
 }
 
 func (m *Manager) write(what string, obj fmt.Stringer, f func() error) error {
@@ -199,6 +202,7 @@ func (m *Manager) write(what string, obj fmt.Stringer, f func() error) error {
 	if err := f(); err != nil {
 		return fmt.Errorf("%s %s: %w", what, obj, err)
 	}
+	m.applied.Add(1)
 	m.log.Debug(what, "obj", obj.String())
 	return nil
 }

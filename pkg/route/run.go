@@ -241,7 +241,9 @@ func (m *Manager) relevant(ev Event) (string, relevance) {
 			// its last IPv4 address, every table's, without a route
 			// notification.
 			return what, repairSoon
-		case v.missing && v.links[a.LinkIndex]:
+		case v.missing && !a.Deleted && a.Addr.Is4() && v.links[a.LinkIndex]:
+			// The IPv4 address back on a missing route's link (the end
+			// of a DHCP renewal): its gateway may be reachable again.
 			return what, repairSoon
 		case v.missing:
 			return what + " while a route is missing", retryLater

@@ -249,3 +249,52 @@ func TestNetlinkRoutesUnderlayReaddress(t *testing.T) {
 		t.Fatalf("after a Set of the same plan: routes %v, want %v", got, want)
 	}
 }
+
+// TestRunFailedRetryIsNoRepair: while a route cannot be added, the retries
+// that unrelated links set off fail again; they wrote nothing the kernel
+// took, so Run reports no repair (no changed call: no daemon reconcile, no
+// repairs metric, no "repaired" log line).
+func TestRunFailedRetryIsNoRepair(t *testing.T) {
+	f, m, _, _ := fakeEnv(t)
+	changed := startRun(t, m)
+	waitFor(t, time.Second, "subscribed", func() bool { return m.watching.Load() })
+	if err := m.Set([]Route{{Dst: pfx("10.9.0.0/16"), Gateway: addr("192.0.2.1")}}, nil); err == nil {
+		t.Fatal("Set of a route through an unreachable gateway succeeded")
+	}
+	c0, s0 := changed.Load(), m.syncs.Load()
+	for i := range 20 {
+		f.AddLink(fmt.Sprintf("veth%d", i))
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitFor(t, 2*time.Second, "a retry", func() bool { return m.syncs.Load() > s0 })
+	if got := changed.Load() - c0; got != 0 {
+		t.Errorf("%d repairs reported while the route was still missing and no write succeeded", got)
+	}
+}
+
+// TestRunAddressChurnOnMissingRouteLinkRateLimited: the underlay lost its
+// IPv4 address (the route through it is gone, its gateway unreachable)
+// while IPv6 addresses keep coming and going on it (SLAAC): those are
+// retries, rate-limited, not a repair each.
+func TestRunAddressChurnOnMissingRouteLinkRateLimited(t *testing.T) {
+	f, m, _, _ := fakeEnv(t)
+	changed := startRun(t, m)
+	waitFor(t, time.Second, "subscribed", func() bool { return m.watching.Load() })
+	mustSet(t, m, []Route{{Dst: pfx("10.9.0.0/16"), Gateway: addr("198.51.100.2")}}, nil)
+	f.DelAddr("eth0", pfx("198.51.100.1/24"))
+	waitFor(t, 2*time.Second, "the route missing", func() bool { v := m.view.Load(); return v != nil && v.missing })
+	s0, c0 := m.syncs.Load(), changed.Load()
+	start := time.Now()
+	for i := range 20 {
+		f.AddAddr("eth0", pfx(fmt.Sprintf("2001:db8::%x/64", 100+i)))
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	time.Sleep(3 * repairDelay)
+	if got, limit := m.syncs.Load()-s0, uint64(elapsed/minRetryGap)+2; got > limit {
+		t.Errorf("%d syncs for 20 IPv6 addresses on the link in %v, want at most %d (rate-limited retries)", got, elapsed, limit)
+	}
+	if got := changed.Load() - c0; got != 0 {
+		t.Errorf("%d repairs reported while the route stayed missing", got)
+	}
+}

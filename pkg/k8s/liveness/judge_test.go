@@ -237,6 +237,39 @@ func TestLivenessRenewedWhileFrozenGetsNoOutageTime(t *testing.T) {
 	}
 }
 
+// Thaw ends a freeze giving the Lease ages back at most its credit: the
+// rest of a longer outage counts against them; a Thaw while not frozen
+// does nothing.
+func TestLivenessThawCredit(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := NewLiveness(40*time.Second, clock.Now)
+	l.Observe(lease("x", "1", clock.Now()))
+	clock.Step(10 * time.Second)
+	l.SetAPIReachable(false)
+	clock.Step(5 * time.Minute)
+	if !l.Live()["x"] {
+		t.Fatal("x dead while frozen")
+	}
+	if !l.Thaw(time.Minute) {
+		t.Fatal("Thaw ended no freeze")
+	}
+	// 10 s before the freeze + 4 of its 5 minutes: past the 40 s timeout.
+	if l.Live()["x"] {
+		t.Fatal("x live after a 5-minute freeze thawed with 1 minute of credit")
+	}
+	if l.Thaw(time.Minute) || l.SetAPIReachable(true) {
+		t.Fatal("a second thaw changed something")
+	}
+	l.Observe(lease("x", "2", clock.Now()))
+	l.SetAPIReachable(false)
+	clock.Step(20 * time.Second)
+	l.Thaw(time.Minute) // the whole freeze is within the credit
+	clock.Step(39 * time.Second)
+	if !l.Live()["x"] {
+		t.Fatal("x dead 39 s after a freeze fully credited (timeout 40 s)")
+	}
+}
+
 // A Lease stale on first sight is dead also when first seen while frozen
 // (this process starts during an API outage and its first heartbeat write
 // fails), and after the freeze; a change brings it back as usual.

@@ -321,19 +321,39 @@ func (l *Liveness) SetAPIReachable(ok bool) bool {
 		l.touch()
 		return true
 	case ok && !l.frozenAt.IsZero():
-		// Every observation is timed at or before frozenAt (Observe times
-		// those made while frozen at frozenAt): each gets back the time it
-		// had left at the freeze, and none more than its timeout.
-		d := now.Sub(l.frozenAt)
-		for n, o := range l.seen {
-			o.at = o.at.Add(d)
-			l.seen[n] = o
-		}
-		l.frozenAt = time.Time{}
-		l.touch()
+		l.thaw(now.Sub(l.frozenAt))
 		return true
 	}
 	return false
+}
+
+// Thaw ends a freeze (see SetAPIReachable) giving the Lease ages back at
+// most credit of the time it lasted: an outage longer than credit counts
+// against every Lease for the rest. A reader that stops trusting what it
+// saw before a long outage (pkg/mirror, past its grace period) thaws with
+// that period, so a node that died during the outage is not live again
+// when the API server answers. It reports whether a freeze ended.
+func (l *Liveness) Thaw(credit time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.frozenAt.IsZero() {
+		return false
+	}
+	l.thaw(min(max(credit, 0), l.now().Sub(l.frozenAt)))
+	return true
+}
+
+// thaw ends the freeze, shifting every observation by d (l.mu held). Every
+// observation is timed at or before frozenAt (Observe times those made while
+// frozen at frozenAt): with d the whole freeze each gets back the time it
+// had left at the freeze, and none more than its timeout.
+func (l *Liveness) thaw(d time.Duration) {
+	for n, o := range l.seen {
+		o.at = o.at.Add(d)
+		l.seen[n] = o
+	}
+	l.frozenAt = time.Time{}
+	l.touch()
 }
 
 // leaseLive: the Lease changed within the timeout (ages frozen while the
