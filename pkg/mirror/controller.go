@@ -831,20 +831,18 @@ func (c *Controller) deleteMirror(ctx context.Context, k Key, name string) (resu
 // case) are marked too: that Service is not k's, its slices are.
 func (c *Controller) markNotReady(ctx context.Context, k Key, name string) (result, error) {
 	owned := c.ownedService(k, name) != nil
-	slices := c.ownedSlices(k, name)
-	if !owned && len(slices) == 0 {
+	sls := c.ownedSlices(k, name)
+	if !owned && len(sls) == 0 {
 		return result{}, nil
 	}
 	// merged: syncKey keeps k blocked on the other cluster's Service.
 	res := result{mirrored: true, merged: !owned}
-	for _, sl := range slices {
-		if !sliceReady(sl) {
-			continue
-		}
-		if err := c.setSliceNotReady(ctx, sl); err != nil {
+	for _, sl := range sls {
+		wrote, err := c.setSliceNotReady(ctx, sl)
+		if err != nil {
 			return res, fmt.Errorf("%w (cluster %s unreachable)", err, k.Cluster)
 		}
-		res.wrote = true
+		res.wrote = res.wrote || wrote
 	}
 	return res, nil
 }
@@ -862,17 +860,18 @@ func sliceReady(sl *discoveryv1.EndpointSlice) bool {
 }
 
 // setSliceNotReady sets every endpoint of the local slice sl not ready and
-// not serving (nothing else changes); a slice already so is left alone.
-func (c *Controller) setSliceNotReady(ctx context.Context, sl *discoveryv1.EndpointSlice) error {
+// not serving (nothing else changes); a slice already so is left alone. It
+// reports whether it wrote.
+func (c *Controller) setSliceNotReady(ctx context.Context, sl *discoveryv1.EndpointSlice) (bool, error) {
 	if !sliceReady(sl) {
-		return nil
+		return false, nil
 	}
 	u := sl.DeepCopy()
 	for i := range u.Endpoints {
 		u.Endpoints[i].Conditions.Ready, u.Endpoints[i].Conditions.Serving = ptr(false), ptr(false)
 	}
 	if _, err := c.local.DiscoveryV1().EndpointSlices(u.Namespace).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("marking EndpointSlice %s/%s not ready: %w", u.Namespace, u.Name, err)
+		return false, fmt.Errorf("marking EndpointSlice %s/%s not ready: %w", u.Namespace, u.Name, err)
 	}
-	return nil
+	return true, nil
 }

@@ -342,7 +342,7 @@ func (m *mcsController) markUnsyncedNotReady(ctx context.Context, nn types.Names
 		if seen[sl.Labels[LabelSourceCluster]] {
 			continue
 		}
-		if err := m.c.setSliceNotReady(ctx, sl); err != nil {
+		if _, err := m.c.setSliceNotReady(ctx, sl); err != nil {
 			errs = append(errs, fmt.Errorf("%w (cluster %s unreachable past the grace period)", err, sl.Labels[LabelSourceCluster]))
 		}
 	}
