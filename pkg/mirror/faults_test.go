@@ -32,6 +32,19 @@ func (r *remote) probeFailing() bool {
 	return !r.probeOK
 }
 
+// setDown takes the fake source f down (or brings it back) and waits until
+// the controller's probe of it, r, has seen so.
+func setDown(t *testing.T, f *fakeRemote, r *remote, down bool) {
+	t.Helper()
+	f.down.Store(down)
+	eventually(t, func() error {
+		if r.probeFailing() != down {
+			return fmt.Errorf("the probe of %s has not seen it down=%v yet", r.Name, down)
+		}
+		return nil
+	})
+}
+
 // A source cluster's API outage shorter than the grace period freezes the
 // ages of its heartbeat Leases (no renewal can be seen then): its nodes are
 // not dead, its imported endpoints stay ready. Once it answers again the
@@ -39,14 +52,8 @@ func (r *remote) probeFailing() bool {
 func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
 	e, c2, _, ready := startLeaseFollowing(t, time.Hour)
 	eventually(t, ready(true))
-	c2.down.Store(true)
 	r := e.remoteOf("c2")
-	eventually(t, func() error {
-		if !r.probeFailing() {
-			return errors.New("c2's outage not seen by the probe yet")
-		}
-		return nil
-	})
+	setDown(t, c2, r, true)
 	e.clock.Advance(11 * time.Second) // past the Lease's 10 s, far inside the grace period
 	never(t, 300*time.Millisecond, func() error {
 		if err := ready(true)(); err != nil {
@@ -54,13 +61,7 @@ func TestImportReadyThroughSourceAPIOutage(t *testing.T) {
 		}
 		return nil
 	})
-	c2.down.Store(false)
-	eventually(t, func() error {
-		if r.probeFailing() {
-			return errors.New("c2 not answering again yet")
-		}
-		return nil
-	})
+	setDown(t, c2, r, false)
 	e.clock.Advance(11 * time.Second) // c2 answers, its node renews nothing
 	eventually(t, ready(false))
 }
@@ -212,14 +213,8 @@ func TestMergedMirrorEndpointsNotReadyPastGrace(t *testing.T) {
 		return fmt.Errorf("%s not in the mirror's slices", ip)
 	}
 	eventually(t, func() error { return readyOf("10.112.0.10") })
-	c2.down.Store(true)
 	r := e.remoteOf("c2")
-	eventually(t, func() error {
-		if !r.probeFailing() {
-			return errors.New("c2's outage not seen yet")
-		}
-		return nil
-	})
+	setDown(t, c2, r, true)
 	e.clock.Advance(2 * time.Minute)
 	eventually(t, func() error {
 		if err := readyOf("10.112.0.10"); err == nil || !strings.HasSuffix(err.Error(), "not ready") {
@@ -292,14 +287,8 @@ func TestDesiredDerivedServiceDualStack(t *testing.T) {
 func TestImportNotReadyAfterLongSourceOutage(t *testing.T) {
 	e, c2, lease, ready := startLeaseFollowing(t, time.Minute)
 	eventually(t, ready(true))
-	c2.down.Store(true)
 	r := e.remoteOf("c2")
-	eventually(t, func() error {
-		if !r.probeFailing() {
-			return errors.New("c2's outage not seen by the probe yet")
-		}
-		return nil
-	})
+	setDown(t, c2, r, true)
 	e.clock.Advance(5 * time.Minute) // past the grace period; the node renews nothing
 	eventually(t, func() error {
 		if !r.isExpired() {
