@@ -209,11 +209,7 @@ func serviceFamilies(s *corev1.Service) []corev1.IPFamily {
 	var out []corev1.IPFamily
 	for _, ip := range s.Spec.ClusterIPs {
 		if at, ok := addressType(ip); ok {
-			f := corev1.IPv4Protocol
-			if at == discoveryv1.AddressTypeIPv6 {
-				f = corev1.IPv6Protocol
-			}
-			if !slices.Contains(out, f) {
+			if f := familyOf(at); !slices.Contains(out, f) {
 				out = append(out, f)
 			}
 		}
