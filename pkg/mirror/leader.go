@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"meshd.io/meshd/pkg/k8s/liveness"
 )
 
 // LeaderElection names the coordination Lease that keeps one replica of the
@@ -22,6 +24,26 @@ type LeaderElection struct {
 	Identity string
 	// Durations; zero takes 15s, 10s and 2s.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// ErrHeartbeatClash is returned when the leader Lease's name is a node's
+// meshd heartbeat Lease (meshd-<node> in the same namespace: a node named
+// link or mirror): leading with it would overwrite that node's heartbeat.
+var ErrHeartbeatClash = errors.New("the leader Lease's name is a node's heartbeat Lease")
+
+// heartbeatClash checks the leader Lease is no node's heartbeat. A Lease
+// that cannot be read is left to leader election to report.
+func heartbeatClash(ctx context.Context, kube kubernetes.Interface, le LeaderElection) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l, err := kube.CoordinationV1().Leases(le.Namespace).Get(rctx, le.Name, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || l.Labels[liveness.LabelManagedBy] != liveness.ManagedBy {
+		return nil
+	}
+	if node, ok := liveness.NodeNameFromLease(l); ok {
+		return fmt.Errorf("lease %s/%s is the heartbeat of node %s: %w; give this controller another --lease-name", le.Namespace, le.Name, node, ErrHeartbeatClash)
+	}
+	return nil
 }
 
 // ErrLostLease is returned when this replica stops leading before ctx ends.
@@ -42,6 +64,9 @@ func RunLeaderElected(ctx context.Context, log *slog.Logger, kube kubernetes.Int
 	}
 	if err := waitForLeaseNamespace(ctx, log, kube, le, le.RetryPeriod); err != nil {
 		return nil // ctx ended while waiting
+	}
+	if err := heartbeatClash(ctx, kube, le); err != nil {
+		return err
 	}
 	var (
 		mu      sync.Mutex

@@ -13,6 +13,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"meshd.io/meshd/pkg/k8s/convert"
 )
@@ -41,12 +42,34 @@ const (
 func LeaseName(node string) string { return LeasePrefix + node }
 
 // NodeNameFromLease returns the node a heartbeat Lease belongs to, from its
-// name; ok is false for a Lease that is not a meshd heartbeat.
+// name; ok is false for a Lease that is not a meshd heartbeat. A heartbeat
+// is held by its node (holderIdentity, set by every renewal): another Lease
+// that happens to be named meshd-<something> in the namespace, such as the
+// leader Lease of `meshd link` (meshd-link) or `meshd mirror`
+// (meshd-mirror), held by a pod or released (""), is no node's heartbeat,
+// so its renewals never make a node of that name look live.
 func NodeNameFromLease(l *coordinationv1.Lease) (node string, ok bool) {
 	if l == nil || !strings.HasPrefix(l.Name, LeasePrefix) || len(l.Name) == len(LeasePrefix) {
 		return "", false
 	}
-	return strings.TrimPrefix(l.Name, LeasePrefix), true
+	node = strings.TrimPrefix(l.Name, LeasePrefix)
+	if !heldBy(l, node) {
+		return "", false
+	}
+	return node, true
+}
+
+// heldBy reports whether l may be node's heartbeat: held by node, or by
+// no one named at all.
+func heldBy(l *coordinationv1.Lease, node string) bool {
+	return l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == node
+}
+
+// IsHeartbeat reports whether l is a node's heartbeat Lease (NodeNameFromLease),
+// for components whose own Lease might carry a heartbeat's name.
+func IsHeartbeat(l *coordinationv1.Lease) bool {
+	_, ok := NodeNameFromLease(l)
+	return ok
 }
 
 // RunHeartbeat keeps node's Lease meshd-<node> in namespace (default
@@ -122,7 +145,11 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 			return nil
 		}
 		if o.Result != nil {
-			o.Result(err)
+			if errors.Is(err, errLeaseNotOurs) {
+				o.Result(nil) // the API server answered
+			} else {
+				o.Result(err)
+			}
 		}
 		if err != nil {
 			failing = true
@@ -130,6 +157,10 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 			case errors.Is(err, errNamespaceMissing):
 				log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
 					"namespace", namespace, "retry", o.Interval, "error", err)
+			case errors.Is(err, errLeaseNotOurs):
+				log.Error("this node's heartbeat Lease name is taken by another component's Lease, left alone; other nodes will judge this node dead: "+
+					"give that component another Lease name (meshd link and meshd mirror: --lease-name); retrying",
+					"retry", o.Interval, "error", err)
 			case errors.Is(err, errLeaseDeleted):
 				log.Warn("the heartbeat Lease was deleted (not by this meshd); creating it again at the next renewal",
 					"retry", o.Interval, "error", err)
@@ -202,6 +233,9 @@ func (h *heartbeat) durationSeconds() int32 {
 var (
 	errNamespaceMissing = errors.New("namespace missing")
 	errLeaseDeleted     = errors.New("deleted since the last renewal")
+	// errLeaseNotOurs: a Lease of this name exists and is held by someone
+	// else (another component's Lease of the same name); it is left alone.
+	errLeaseNotOurs = errors.New("held by another component")
 )
 
 // renew writes a fresh renewTime, creating the Lease if needed. A failure
@@ -225,6 +259,9 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 		case err != nil:
 			return fmt.Errorf("reading Lease %s/%s: %w", h.namespace, name, err)
 		}
+		if !heldBy(l, h.node) {
+			return fmt.Errorf("Lease %s/%s is held by %q, not by node %s: %w", h.namespace, name, *l.Spec.HolderIdentity, h.node, errLeaseNotOurs)
+		}
 		h.lease = l
 	}
 	updated, err := leases.Update(ctx, h.build(h.lease.DeepCopy(), now), metav1.UpdateOptions{FieldManager: convert.FieldManager})
@@ -246,7 +283,14 @@ func (h *heartbeat) build(l *coordinationv1.Lease, now time.Time) *coordinationv
 	if l.Labels == nil {
 		l.Labels = map[string]string{}
 	}
-	l.Labels[LabelNode] = h.node
+	// A label value has at most 63 characters, a node name up to 253:
+	// the label only helps people find the Lease (nothing selects by it),
+	// so a longer name goes without it rather than fail every renewal.
+	if len(validation.IsValidLabelValue(h.node)) == 0 {
+		l.Labels[LabelNode] = h.node
+	} else {
+		delete(l.Labels, LabelNode)
+	}
 	l.Labels[LabelManagedBy] = ManagedBy
 	holder := h.node
 	dur := h.durationSeconds()
