@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -40,7 +39,7 @@ type linkedCluster struct {
 
 // remoteClientsFromKubeconfig builds clients from a link Secret's kubeconfig.
 func remoteClientsFromKubeconfig(kc []byte) (*connect.Clients, error) {
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	cfg, err := clusterlink.RESTConfig(kc)
 	if err != nil {
 		return nil, fmt.Errorf("parsing its kubeconfig: %w", err)
 	}

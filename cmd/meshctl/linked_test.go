@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -192,5 +194,42 @@ func TestAPIServerAddrs(t *testing.T) {
 	}
 	if got := fmt.Sprint(apiServerAddrs(ctx, &connect.Clients{Kube: kubefake.NewClientset(), Config: cfg})); got != "[10.96.0.1]" {
 		t.Errorf("without the slice: %s", got)
+	}
+}
+
+// meshctl status reads every link Secret's kubeconfig to show the linked
+// clusters; whoever may write a Secret in the namespace must not get a
+// command run on the machine of the operator running it: an exec
+// credential plugin is refused (and said), never run.
+func TestStatusRefusesLinkExecPlugin(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	kc := `apiVersion: v1
+kind: Config
+clusters:
+- name: c9
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+contexts:
+- name: c9
+  context: {cluster: c9, user: u}
+current-context: c9
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      interactiveMode: Never
+      command: /bin/sh
+      args: ["-c", "touch ` + marker + `; echo '{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{\"token\":\"x\"}}'"]
+`
+	s := linkSecret("c9")
+	s.Data[clusterlink.LinkKubeconfigKey] = []byte(kc)
+	nodes, leases, peers := fixture()
+	kube := kubefake.NewClientset(append(append(nodes, leases...), s)...)
+	r := runMeshctlWith(t, kube, meshdfake.NewSimpleClientset(peers...), nil, "status")
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("meshctl status ran the exec credential plugin of link Secret %s; stderr:\n%s", s.Name, r.stderr)
+	}
+	if out := r.stdout + r.stderr; !strings.Contains(out, "exec credential plugin") {
+		t.Errorf("the refusal is not shown:\n%s", out)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	"meshd.io/meshd/pkg/k8s/convert"
 	"meshd.io/meshd/pkg/k8s/liveness"
@@ -137,7 +136,7 @@ func (w *LinkLiveness) Sync(remotes []RemoteCluster) {
 }
 
 func (w *LinkLiveness) start(kc []byte) (*remoteLeases, error) {
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	cfg, err := RESTConfig(kc)
 	if err != nil {
 		return nil, fmt.Errorf("parsing the link kubeconfig: %w", err)
 	}

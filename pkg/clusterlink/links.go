@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/k8s/convert"
 )
@@ -173,7 +172,7 @@ func (w *LinkWatcher) upsert(ctx context.Context, s *corev1.Secret) {
 // start begins watching the Nodes of the cluster reached by kubeconfig kc.
 func (w *LinkWatcher) start(ctx context.Context, cluster string, kc []byte) (cache.SharedIndexInformer, context.CancelFunc, error) {
 	none := func() {}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	cfg, err := RESTConfig(kc)
 	if err != nil {
 		return nil, none, fmt.Errorf("link to cluster %s: parsing its kubeconfig: %w", cluster, err)
 	}

@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"meshd.io/meshd/pkg/clusterlink"
 )
@@ -19,7 +18,7 @@ import (
 // keeps the cluster it linked (with its mirrors) as it was.
 func (c *Controller) WatchLinks(ctx context.Context, kube kubernetes.Interface, namespace string) error {
 	return c.watchLinks(ctx, kube, namespace, func(name string, kc []byte) (Remote, error) {
-		cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+		cfg, err := clusterlink.RESTConfig(kc)
 		if err != nil {
 			return Remote{}, fmt.Errorf("parsing the kubeconfig of cluster %s: %w", name, err)
 		}
