@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,6 +112,7 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		in.Peers = append(in.Peers, p)
 	}
 	GuardPeers(&in, o.APIServers...)
+	guardLocationIPs(&in, o.APIServers)
 	return in
 }
 
@@ -166,6 +168,41 @@ func GuardPeers(in *MeshInput, apiServers ...netip.Addr) {
 			kept = append(kept, a)
 		}
 		p.AllowedIPs = kept
+	}
+}
+
+// guardLocationIPs drops every meshd.io/allowed-location-ips range of a
+// Node that covers an API server address, and reports it as a problem of
+// that Node: the other locations would route the API server into the
+// tunnel to that location, and lose it (and with it their mesh
+// configuration) whenever the tunnel is down. The planner checks the
+// ranges against the nodes' addresses and endpoints itself; the API
+// server's addresses it does not know.
+func guardLocationIPs(in *MeshInput, apiServers []netip.Addr) {
+	var protected []mesh.ProtectedAddr
+	for _, a := range apiServers {
+		if a.IsValid() {
+			protected = append(protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
+		}
+	}
+	if len(protected) == 0 {
+		return
+	}
+	for i := range in.Nodes {
+		n := &in.Nodes[i]
+		var kept []netip.Prefix
+		for _, p := range n.AllowedLocationIPs {
+			if c, bad := mesh.CoversProtected(p, protected); bad {
+				id := "node/" + n.Name
+				// Clipped: the slice may be the NodeCache's own.
+				in.Problems[id] = append(slices.Clip(in.Problems[id]), fmt.Errorf("annotation %s: %s covers %s (%s): refused, not routed", AnnotationAllowedLocationIPs, p, c.What, c.Addr))
+				continue
+			}
+			kept = append(kept, p)
+		}
+		if len(kept) != len(n.AllowedLocationIPs) {
+			n.AllowedLocationIPs = kept // a copy's field: the NodeCache keeps its own
+		}
 	}
 }
 

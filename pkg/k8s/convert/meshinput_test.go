@@ -137,3 +137,31 @@ func TestNewMeshInputGuardsPeers(t *testing.T) {
 		t.Errorf("peers %v", in.Peers)
 	}
 }
+
+// An allowed-location-ips range covering the API server would make every
+// other location route the API server into the tunnel to that location
+// (and lose it, with its mesh configuration, whenever the tunnel is down):
+// it is refused and reported on the Node, the node's other ranges kept,
+// as a Peer's allowed IP covering it is; through the NodeCache too, every
+// reconcile.
+func TestNewMeshInputGuardsAllowedLocationIPs(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "office-1", ResourceVersion: "7", Annotations: map[string]string{
+		AnnotationLocation: "office", AnnotationAllowedLocationIPs: "172.16.0.0/12, 192.168.50.0/24", AnnotationLeader: "maybe"}}}
+	api := []netip.Addr{netip.MustParseAddr("172.16.5.5")}
+	cache := &NodeCache{}
+	for _, o := range []MeshInputOptions{{APIServers: api}, {APIServers: api, Nodes: cache}, {APIServers: api, Nodes: cache}} {
+		in := NewMeshInput(context.Background(), []*corev1.Node{node}, nil, o)
+		if len(in.Nodes) != 1 || fmt.Sprint(in.Nodes[0].AllowedLocationIPs) != "[192.168.50.0/24]" {
+			t.Fatalf("nodes %+v, want office-1 routing 192.168.50.0/24 only", in.Nodes)
+		}
+		ps := in.Problems["node/office-1"]
+		if len(ps) != 2 || !strings.Contains(ps[1].Error(), AnnotationAllowedLocationIPs) || !strings.Contains(ps[1].Error(), "172.16.0.0/12 covers the API server (172.16.5.5)") {
+			t.Errorf("problems %v, want the malformed leader annotation and the refused range", ps)
+		}
+	}
+	// Without a known API server address nothing is refused.
+	in := NewMeshInput(context.Background(), []*corev1.Node{node}, nil, MeshInputOptions{})
+	if fmt.Sprint(in.Nodes[0].AllowedLocationIPs) != "[172.16.0.0/12 192.168.50.0/24]" {
+		t.Errorf("without API server addresses: %v", in.Nodes[0].AllowedLocationIPs)
+	}
+}
