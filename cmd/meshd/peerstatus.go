@@ -3,6 +3,7 @@ package main
 import (
 	"maps"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 
@@ -44,7 +45,13 @@ func (r *reconciler) reportPeers(peers []*v1alpha1.Peer, objects []mesh.Peer, pl
 		}
 		rep.Peers = make(map[string]convert.PeerFinding, len(peers))
 		for _, o := range peers {
-			f := convert.PeerFinding{Message: r.reported["peer/"+o.Name]}
+			// What conversion refused of it, then what the planner dropped
+			// (an allowed IP another Peer or a location keeps).
+			msg := r.reported["peer/"+o.Name]
+			if ws := plan.PeerWarnings[o.Name]; len(ws) > 0 {
+				msg = strings.Join(append(slices.DeleteFunc([]string{msg}, func(m string) bool { return m == "" }), ws...), "\n")
+			}
+			f := convert.PeerFinding{Message: msg}
 			if p, ok := usable[o.Name]; ok {
 				f.Accepted = true
 				if i, ok := on[p.PublicKey]; ok {

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,5 +101,48 @@ func TestReportsPeersBounded(t *testing.T) {
 	plan.Location = "z"
 	if !reportsPeers(plan) {
 		t.Error("with few locations every leader reports")
+	}
+}
+
+// TestReportPeersOverlapKeepsTheOlder: a new Peer whose allowed IPs cover
+// an existing Peer's cannot take them, whatever its name: the one created
+// first keeps them (on every node alike: creationTimestamp comes from the
+// API server), and the newcomer's status says what was dropped of it.
+func TestReportPeersOverlapKeepsTheOlder(t *testing.T) {
+	old := metav1.NewTime(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
+	laptop := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: "laptop", CreationTimestamp: old}, Spec: v1alpha1.PeerSpec{
+		PublicKey: newKey(t).PublicKey().String(), AllowedIPs: []string{"10.5.0.1/32"}}}
+	office := &v1alpha1.Peer{ObjectMeta: metav1.ObjectMeta{Name: "aaa-office", CreationTimestamp: metav1.NewTime(old.Add(24 * time.Hour))}, Spec: v1alpha1.PeerSpec{
+		PublicKey: newKey(t).PublicKey().String(), AllowedIPs: []string{"10.5.0.0/16", "10.6.0.0/16"}}}
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+	)
+	f.rec.peerLister = sliceLister{office, laptop}
+	rep := &reports{}
+	f.rec.peerStatus = rep
+	if err := f.rec.reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d, err := f.wgc.Device("meshd0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]string{}
+	for _, p := range d.Peers {
+		for _, o := range []*v1alpha1.Peer{laptop, office} {
+			if p.PublicKey.String() == o.Spec.PublicKey {
+				allowed[o.Name] = fmt.Sprint(p.AllowedIPs)
+			}
+		}
+	}
+	if allowed["laptop"] != "[{10.5.0.1 ffffffff}]" || allowed["aaa-office"] != "[{10.6.0.0 ffff0000}]" {
+		t.Errorf("WireGuard allowed IPs %v: want laptop (created first) to keep 10.5.0.1/32 and aaa-office only 10.6.0.0/16", allowed)
+	}
+	r := rep.got[len(rep.got)-1]
+	if l := r.Peers["laptop"]; !l.Applied || l.Message != "" {
+		t.Errorf("laptop = %+v, want applied without a problem", l)
+	}
+	if o := r.Peers["aaa-office"]; !o.Applied || !strings.Contains(o.Message, "allowed IP 10.5.0.0/16 of peer aaa-office overlaps 10.5.0.1/32 of peer laptop") {
+		t.Errorf("aaa-office = %+v, want applied, its status saying 10.5.0.0/16 was dropped for laptop", o)
 	}
 }

@@ -75,6 +75,8 @@ func (t *Topology) planHeader(ls *Segment) *Plan {
 		Leaders:  make(map[string]string, len(t.Segments)),
 		MeshIPs:  t.MeshIPs,
 		Warnings: t.Warnings,
+
+		PeerWarnings: t.PeerWarnings,
 	}
 	for s := range t.Segments {
 		p.Leaders[t.Segments[s].Location] = t.Segments[s].Leader

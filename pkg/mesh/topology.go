@@ -52,14 +52,16 @@ type Topology struct {
 	LocalSegment int
 	// Segments are sorted by location.
 	Segments []Segment
-	// Peers are the usable Peer objects sorted by name, normalized: allowed
-	// IPs masked, merged and without those that overlap the segments or an
-	// earlier peer.
+	// Peers are the usable Peer objects sorted by creation, then name,
+	// normalized: allowed IPs masked, merged and without those that overlap
+	// the segments or an earlier peer.
 	Peers []Peer
 	// MeshIPs is the mesh address allocation of every member node.
 	MeshIPs map[string][]netip.Addr
 	// Warnings are the input problems worked around, in a stable order.
 	Warnings []string
+	// PeerWarnings are the Warnings about each Peer, by name.
+	PeerWarnings map[string][]string
 
 	opts    normalized
 	members []member // WireGuard members sorted by name
@@ -123,6 +125,15 @@ func NewTopology(nodes []Node, peers []Peer, local Local, opts Options) (*Topolo
 
 func (t *Topology) warn(s string) { t.Warnings = append(t.Warnings, s) }
 
+// warnPeer is warn about Peer name (also in PeerWarnings).
+func (t *Topology) warnPeer(name, s string) {
+	t.warn(s)
+	if t.PeerWarnings == nil {
+		t.PeerWarnings = map[string][]string{}
+	}
+	t.PeerWarnings[name] = append(t.PeerWarnings[name], s)
+}
+
 // collectMembers selects the WireGuard members (a published key, or the local
 // node) and sorts them by name.
 func (t *Topology) collectMembers(nodes []Node, local Local) error {
@@ -166,7 +177,7 @@ func (t *Topology) collectMembers(nodes []Node, local Local) error {
 
 // dedupeKeys drops members and peers whose public key is already used: the
 // local node keeps its key, then the first member in name order, then the
-// first peer in name order. It sorts integer keys (the first five key bytes
+// first peer in creation, then name order. It sorts integer keys (the first five key bytes
 // and the entry's rank) rather than filling a map.
 func (t *Topology) dedupeKeys(ps []Peer) []Peer {
 	kr := keyRanks{t: t, ps: ps, nm: len(t.members)}
@@ -181,7 +192,12 @@ func (t *Topology) dedupeKeys(ps []Peer) []Peer {
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(dropped[a], dropped[b]) })
 	gone := make(map[int]bool, len(dropped)) // rare path
 	for _, i := range order {
-		t.warn(fmt.Sprintf("%s has the same public key as %s; ignored", kr.name(dropped[i]), kr.name(owners[i])))
+		w := fmt.Sprintf("%s has the same public key as %s; ignored", kr.name(dropped[i]), kr.name(owners[i]))
+		if r := dropped[i]; r > kr.nm {
+			t.warnPeer(kr.ps[r-kr.nm-1].Name, w)
+		} else {
+			t.warn(w)
+		}
 		gone[dropped[i]] = true
 	}
 	return t.dropRanks(ps, gone)
@@ -572,8 +588,8 @@ func discovered(nodes []Node, key wgtypes.Key) (netip.AddrPort, bool) {
 	return best.ap, true
 }
 
-// collectPeers returns the usable peers sorted by name with normalized,
-// merged allowed IPs.
+// collectPeers returns the usable peers sorted by creation, then name
+// (comparePeers), with normalized, merged allowed IPs.
 func (t *Topology) collectPeers(peers []Peer) []Peer {
 	var zero wgtypes.Key
 	idx := make([]int, len(peers))
@@ -590,7 +606,7 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 	for _, i := range idx {
 		p := peers[i]
 		if p.PublicKey == zero {
-			t.warn(fmt.Sprintf("peer %s has no public key; ignored", p.Name))
+			t.warnPeer(p.Name, fmt.Sprintf("peer %s has no public key; ignored", p.Name))
 			continue
 		}
 		start := len(backing)
@@ -612,7 +628,8 @@ func (t *Topology) collectPeers(peers []Peer) []Peer {
 	return out
 }
 
-// comparePeers orders peers by name and key and, for the duplicates that
+// comparePeers orders peers by creation (the oldest first: it keeps what
+// a newer Peer overlaps), then name and key and, for the duplicates that
 // should never occur, by every other field, so that the choice among
 // duplicates does not depend on the input order.
 func comparePeers(a, b *Peer) int {
@@ -623,6 +640,7 @@ func comparePeers(a, b *Peer) int {
 		return k[:]
 	}
 	return cmp.Or(
+		a.Created.Compare(b.Created),
 		strings.Compare(a.Name, b.Name),
 		bytes.Compare(a.PublicKey[:], b.PublicKey[:]),
 		strings.Compare(a.Endpoint.Host, b.Endpoint.Host),
@@ -979,7 +997,7 @@ func (t *Topology) aliConflict(x *spanIndex, earlier []ownedPrefix, p netip.Pref
 
 // filterPeers drops peer allowed IPs that contain a WireGuard endpoint (routing
 // them through the tunnel would loop) or overlap a segment's allowed IPs or
-// those of an earlier peer (name order).
+// those of an earlier peer (created first, then name order).
 func (t *Topology) filterPeers(ps []Peer, endpoints *endpointSet) []Peer {
 	var x spanIndex
 	var has [2]bool
@@ -1008,7 +1026,7 @@ func (t *Topology) filterPeers(ps []Peer, endpoints *endpointSet) []Peer {
 		me, p := e.owner, e.prefix()
 		if a, ok := endpoints.within(p); ok {
 			dropped[i] = true
-			t.warn(fmt.Sprintf("allowed IP %v of peer %s contains WireGuard endpoint %v; dropped from peer %s", p, ps[me].Name, a, ps[me].Name))
+			t.warnPeer(ps[me].Name, fmt.Sprintf("allowed IP %v of peer %s contains WireGuard endpoint %v; dropped from peer %s", p, ps[me].Name, a, ps[me].Name))
 			continue
 		}
 		seg, other := -1, netip.Prefix{}
@@ -1024,14 +1042,14 @@ func (t *Topology) filterPeers(ps []Peer, endpoints *endpointSet) []Peer {
 		}
 		if seg >= 0 {
 			dropped[i] = true
-			t.warn(fmt.Sprintf("allowed IP %v of peer %s overlaps %v of location %s; dropped from peer %s",
+			t.warnPeer(ps[me].Name, fmt.Sprintf("allowed IP %v of peer %s overlaps %v of location %s; dropped from peer %s",
 				p, ps[me].Name, other, t.Segments[seg].Location, ps[me].Name))
 			continue
 		}
 		x.each(p, func(j int) bool {
 			if o := x.s[j].owner; o < me && !dropped[j] {
 				dropped[i] = true
-				t.warn(fmt.Sprintf("allowed IP %v of peer %s overlaps %v of peer %s; dropped from peer %s",
+				t.warnPeer(ps[me].Name, fmt.Sprintf("allowed IP %v of peer %s overlaps %v of peer %s; dropped from peer %s",
 					p, ps[me].Name, x.s[j].prefix(), ps[o].Name, ps[me].Name))
 				return false
 			}

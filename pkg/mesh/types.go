@@ -117,7 +117,12 @@ func DiscoveryKeys(nodes []Node) map[wgtypes.Key]bool {
 
 // Peer is a Peer object: an outside WireGuard peer.
 type Peer struct {
-	Name                string
+	Name string
+	// Created is when the Peer object was created (the API server's
+	// creationTimestamp; zero for peers of linked clusters). Of two Peers
+	// whose allowed IPs overlap, or that share a key, the one created
+	// first keeps them: a new Peer cannot take an existing one's routes.
+	Created             time.Time
 	PublicKey           wgtypes.Key
 	AllowedIPs          []netip.Prefix
 	Endpoint            Endpoint // zero: the peer connects to us
@@ -178,6 +183,10 @@ type Plan struct {
 	// Warnings are problems in the input that the planner worked around
 	// (overlapping allowed-location-ips, missing gateway family, ...).
 	Warnings []string
+	// PeerWarnings are the Warnings about each Peer, by name: what the
+	// planner dropped of it (an allowed IP, the whole Peer). A Peer's
+	// status reports them.
+	PeerWarnings map[string][]string `json:",omitempty"`
 }
 
 // WireGuard is the interface configuration (the private key is not part of

@@ -30,7 +30,7 @@ func PeerFromObject(p *v1alpha1.Peer, secretLookup func(ns, name, key string) ([
 	fail := func(format string, args ...any) (mesh.Peer, error) {
 		return mesh.Peer{}, fmt.Errorf("converting peer %q: "+format, append([]any{p.Name}, args...)...)
 	}
-	out := mesh.Peer{Name: p.Name}
+	out := mesh.Peer{Name: p.Name, Created: p.CreationTimestamp.Time}
 
 	key, err := wgtypes.ParseKey(p.Spec.PublicKey)
 	if err != nil {
