@@ -27,8 +27,8 @@ type MeshInputOptions struct {
 	// Secret reads a Peer's preshared key; nil makes a Peer that references
 	// one unusable (reported as a problem).
 	Secret SecretLookup
-	// Resolve resolves a Peer endpoint's DNS name; nil uses the default
-	// resolver. Each lookup gets ResolveTimeout (default 2s).
+	// Resolve resolves the DNS name of a Peer's endpoint or a node's
+	// meshd.io/force-endpoint; nil uses the default resolver. Each lookup gets ResolveTimeout (default 2s).
 	Resolve        func(ctx context.Context, host string) ([]netip.Addr, error)
 	ResolveTimeout time.Duration
 	// Cached, when set, replaces Resolve: it answers from a cache without
@@ -69,6 +69,15 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		Problems: map[string][]error{},
 	}
 	in.convertNodes(nodes, o)
+	// A node's meshd.io/force-endpoint may name a host: resolved like a
+	// Peer's (the Node's copy in the input; the NodeCache keeps the name).
+	for i := range in.Nodes {
+		n := &in.Nodes[i]
+		if err := o.resolveEndpoint(ctx, &n.Endpoint); err != nil {
+			id := "node/" + n.Name
+			in.Problems[id] = append(slices.Clip(in.Problems[id]), fmt.Errorf("annotation %s: %w", AnnotationForceEndpoint, err))
+		}
+	}
 	for _, obj := range peers {
 		if obj == nil {
 			continue
@@ -95,19 +104,8 @@ func NewMeshInput(ctx context.Context, nodes []*corev1.Node, peers []*v1alpha1.P
 		if len(stale) > 0 {
 			in.Problems["peer/"+obj.Name] = stale
 		}
-		if p.Endpoint.Host != "" && !p.Endpoint.Addr.IsValid() {
-			var a netip.Addr
-			var rerr error
-			if o.Cached != nil {
-				a, rerr = o.Cached(p.Endpoint.Host)
-			} else {
-				a, rerr = o.resolve(ctx, p.Endpoint.Host)
-			}
-			if rerr != nil {
-				in.Problems["peer/"+obj.Name] = append(in.Problems["peer/"+obj.Name], fmt.Errorf("resolving endpoint host %q: %w", p.Endpoint.Host, rerr))
-			} else {
-				p.Endpoint.Addr = netip.AddrPortFrom(a, p.Endpoint.Addr.Port())
-			}
+		if err := o.resolveEndpoint(ctx, &p.Endpoint); err != nil {
+			in.Problems["peer/"+obj.Name] = append(in.Problems["peer/"+obj.Name], err)
 		}
 		in.Peers = append(in.Peers, p)
 	}
@@ -204,6 +202,26 @@ func guardLocationIPs(in *MeshInput, apiServers []netip.Addr) {
 			n.AllowedLocationIPs = kept // a copy's field: the NodeCache keeps its own
 		}
 	}
+}
+
+// resolveEndpoint sets the address of an endpoint given by host name
+// (from the cache when o.Cached is set); a failure leaves it without one.
+func (o MeshInputOptions) resolveEndpoint(ctx context.Context, e *mesh.Endpoint) error {
+	if e.Host == "" || e.Addr.Addr().IsValid() {
+		return nil
+	}
+	var a netip.Addr
+	var err error
+	if o.Cached != nil {
+		a, err = o.Cached(e.Host)
+	} else {
+		a, err = o.resolve(ctx, e.Host)
+	}
+	if err != nil {
+		return fmt.Errorf("resolving endpoint host %q: %w", e.Host, err)
+	}
+	e.Addr = netip.AddrPortFrom(a, e.Addr.Port())
+	return nil
 }
 
 func (o MeshInputOptions) resolve(ctx context.Context, host string) (netip.Addr, error) {

@@ -165,3 +165,29 @@ func TestNewMeshInputGuardsAllowedLocationIPs(t *testing.T) {
 		t.Errorf("without API server addresses: %v", in.Nodes[0].AllowedLocationIPs)
 	}
 }
+
+// A node's meshd.io/force-endpoint naming a host is resolved like a Peer's
+// endpoint (the cache when given); a failure is a problem of that Node,
+// which keeps the host name, and the cached Node is not changed.
+func TestNewMeshInputResolvesForcedEndpointHost(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", ResourceVersion: "3", Annotations: map[string]string{
+		AnnotationForceEndpoint: "edge.example.com:51999"}}}
+	cache := &NodeCache{}
+	answers := map[string]netip.Addr{"edge.example.com": netip.MustParseAddr("203.0.113.7")}
+	lookup := func(host string) (netip.Addr, error) {
+		if a, ok := answers[host]; ok {
+			return a, nil
+		}
+		return netip.Addr{}, fmt.Errorf("no such host")
+	}
+	in := NewMeshInput(context.Background(), []*corev1.Node{node}, nil, MeshInputOptions{Cached: lookup, Nodes: cache})
+	if got := in.Nodes[0].Endpoint; got.Addr != netip.MustParseAddrPort("203.0.113.7:51999") || got.Host != "edge.example.com" || len(in.Problems["node/edge-1"]) != 0 {
+		t.Errorf("endpoint %+v, problems %v", got, in.Problems["node/edge-1"])
+	}
+	delete(answers, "edge.example.com")
+	in = NewMeshInput(context.Background(), []*corev1.Node{node}, nil, MeshInputOptions{Cached: lookup, Nodes: cache})
+	ps := in.Problems["node/edge-1"]
+	if got := in.Nodes[0].Endpoint; got.Addr.Addr().IsValid() || len(ps) != 1 || !strings.Contains(ps[0].Error(), AnnotationForceEndpoint) || !strings.Contains(ps[0].Error(), `resolving endpoint host "edge.example.com"`) {
+		t.Errorf("unresolved: endpoint %+v (want none, from a cache the first lookup did not change), problems %v", got, ps)
+	}
+}
