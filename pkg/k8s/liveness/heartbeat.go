@@ -153,20 +153,7 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 		}
 		if err != nil {
 			failing = true
-			switch {
-			case errors.Is(err, errNamespaceMissing):
-				log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
-					"namespace", namespace, "retry", o.Interval, "error", err)
-			case errors.Is(err, errLeaseNotOurs):
-				log.Error("this node's heartbeat Lease name is taken by another component's Lease, left alone; other nodes will judge this node dead: "+
-					"give that component another Lease name (meshd link and meshd mirror: --lease-name); retrying",
-					"retry", o.Interval, "error", err)
-			case errors.Is(err, errLeaseDeleted):
-				log.Warn("the heartbeat Lease was deleted (not by this meshd); creating it again at the next renewal",
-					"retry", o.Interval, "error", err)
-			default:
-				log.Error("renewing the heartbeat Lease failed; retrying", "retry", o.Interval, "error", err)
-			}
+			logRenewalFailure(log, err, namespace, o.Interval)
 		} else if failing {
 			failing = false
 			log.Info("heartbeat Lease renewed again")
@@ -174,6 +161,24 @@ func RunHeartbeatWith(ctx context.Context, c kubernetes.Interface, o HeartbeatOp
 		if !h.waitNext(ctx, t, last, o) {
 			return nil
 		}
+	}
+}
+
+// logRenewalFailure says what a failed renewal means for this node.
+func logRenewalFailure(log *slog.Logger, err error, namespace string, interval time.Duration) {
+	switch {
+	case errors.Is(err, errNamespaceMissing):
+		log.Error("cannot create the heartbeat Lease: its namespace is missing (it is created by the meshd manifests); other nodes will judge this node dead; retrying",
+			"namespace", namespace, "retry", interval, "error", err)
+	case errors.Is(err, errLeaseNotOurs):
+		log.Error("this node's heartbeat Lease name is taken by another component's Lease, left alone; other nodes will judge this node dead: "+
+			"give that component another Lease name (meshd link and meshd mirror: --lease-name); retrying",
+			"retry", interval, "error", err)
+	case errors.Is(err, errLeaseDeleted):
+		log.Warn("the heartbeat Lease was deleted (not by this meshd); creating it again at the next renewal",
+			"retry", interval, "error", err)
+	default:
+		log.Error("renewing the heartbeat Lease failed; retrying", "retry", interval, "error", err)
 	}
 }
 
@@ -260,7 +265,7 @@ func (h *heartbeat) renew(ctx context.Context, now time.Time) error {
 			return fmt.Errorf("reading Lease %s/%s: %w", h.namespace, name, err)
 		}
 		if !heldBy(l, h.node) {
-			return fmt.Errorf("Lease %s/%s is held by %q, not by node %s: %w", h.namespace, name, *l.Spec.HolderIdentity, h.node, errLeaseNotOurs)
+			return fmt.Errorf("lease %s/%s is held by %q, not by node %s: %w", h.namespace, name, *l.Spec.HolderIdentity, h.node, errLeaseNotOurs)
 		}
 		h.lease = l
 	}
