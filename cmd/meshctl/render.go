@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,15 +101,15 @@ func showNode(stdout, stderr io.Writer, m *model, name, format string) error {
 	if plan.Leader {
 		role = "its leader"
 	}
-	fmt.Fprintf(&b, "# WireGuard configuration of node %s (location %q, %s), computed by meshctl\n", name, plan.Location, role)
-	b.WriteString("# from the Nodes and Peers of " + m.Server + ".\n")
-	b.WriteString("# The private key never leaves the node and is not shown.\n")
+	comment(&b, "WireGuard configuration of node %s (location %q, %s), computed by meshctl", name, plan.Location, role)
+	comment(&b, "from the Nodes and Peers of %s.", m.Server)
+	comment(&b, "The private key never leaves the node and is not shown.")
 	b.WriteString("[Interface]\n")
 	if cfg.PublicKey != "" {
-		fmt.Fprintf(&b, "# PublicKey = %s\n", cfg.PublicKey)
+		comment(&b, "PublicKey = %s", cfg.PublicKey)
 	}
 	for _, a := range cfg.Addresses {
-		fmt.Fprintf(&b, "# Address = %s\n", a)
+		comment(&b, "Address = %s", a)
 	}
 	fmt.Fprintf(&b, "ListenPort = %d\n", cfg.ListenPort)
 	for _, p := range cfg.Peers {
@@ -166,11 +168,11 @@ func (m *model) pskRef(peer string) *v1alpha1.SecretKeyRef {
 
 func writeWGPeer(b *strings.Builder, p wgPeer, iface string) {
 	b.WriteString("[Peer]\n")
-	fmt.Fprintf(b, "# %s\n", p.Name)
+	comment(b, "%s", p.Name)
 	fmt.Fprintf(b, "PublicKey = %s\n", p.PublicKey)
 	if r := p.PresharedKeySecretRef; r != nil {
-		fmt.Fprintf(b, "# PresharedKey: not shown; it is key %q of Secret %s/%s\n", r.Key, r.Namespace, r.Name)
-		fmt.Fprintf(b, "#   (wg set %s peer %s preshared-key FILE)\n", iface, p.PublicKey)
+		comment(b, "PresharedKey: not shown; it is key %q of Secret %s/%s", r.Key, r.Namespace, r.Name)
+		comment(b, "  (wg set %s peer %s preshared-key FILE)", iface, p.PublicKey)
 	}
 	if len(p.AllowedIPs) > 0 {
 		fmt.Fprintf(b, "AllowedIPs = %s\n", strings.Join(p.AllowedIPs, ", "))
@@ -350,14 +352,14 @@ func showPeer(stdout, stderr io.Writer, m *model, name, format string) error {
 		return writeStructured(stdout, cfg, format)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# WireGuard configuration of Peer %s to join the meshd mesh of %s, computed by meshctl.\n", name, m.Server)
-	b.WriteString("# Apply it with `wg setconf IFACE FILE`, then add your private key with\n")
-	b.WriteString("# `wg set IFACE private-key KEYFILE` and your address(es) with\n")
-	b.WriteString("# `ip address add ADDRESS dev IFACE` (for wg-quick, uncomment PrivateKey and Address).\n")
+	comment(&b, "WireGuard configuration of Peer %s to join the meshd mesh of %s, computed by meshctl.", name, m.Server)
+	comment(&b, "Apply it with `wg setconf IFACE FILE`, then add your private key with")
+	comment(&b, "`wg set IFACE private-key KEYFILE` and your address(es) with")
+	comment(&b, "`ip address add ADDRESS dev IFACE` (for wg-quick, uncomment PrivateKey and Address).")
 	b.WriteString("[Interface]\n")
-	b.WriteString("# PrivateKey = <yours; never stored in the cluster>\n")
+	comment(&b, "PrivateKey = <yours; never stored in the cluster>")
 	for _, a := range cfg.Addresses {
-		fmt.Fprintf(&b, "# Address = %s\n", a)
+		comment(&b, "Address = %s", a)
 	}
 	if cfg.ListenPort > 0 {
 		fmt.Fprintf(&b, "ListenPort = %d\n", cfg.ListenPort)
@@ -368,6 +370,48 @@ func showPeer(stdout, stderr io.Writer, m *model, name, format string) error {
 	}
 	_, err = io.WriteString(stdout, b.String())
 	return err
+}
+
+// comment writes one comment line of a WireGuard configuration: "# " and
+// the formatted text, with every control character (line breaks above all)
+// escaped. The text carries names, locations, Secret references and the
+// API server's address from the cluster and the kubeconfig; a line break in
+// any of them would end the comment, and what followed would be read by
+// wg setconf or wg-quick (PostUp = ...) as configuration.
+func comment(b *strings.Builder, format string, args ...any) {
+	b.WriteString("# ")
+	b.WriteString(commentSafe(fmt.Sprintf(format, args...)))
+	b.WriteString("\n")
+}
+
+// commentSafe escapes, Go-style (\n, \x00, \u2028), the control
+// characters, the Unicode line and paragraph separators and invalid UTF-8
+// in s, so that s stays on one line.
+func commentSafe(s string) string {
+	safe := func(r rune) bool {
+		return r != utf8.RuneError && !unicode.IsControl(r) && r != '\u2028' && r != '\u2029'
+	}
+	if !strings.ContainsFunc(s, func(r rune) bool { return !safe(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError:
+			// Invalid UTF-8 (or a literal U+FFFD): escape the byte.
+			if _, size := utf8.DecodeRuneInString(s[i:]); size == 1 {
+				fmt.Fprintf(&b, "\\x%02x", s[i])
+				continue
+			}
+			b.WriteRune(r)
+		case safe(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+	}
+	return b.String()
 }
 
 func writeStructured(w io.Writer, v any, format string) error {
