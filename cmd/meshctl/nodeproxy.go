@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/nodestate"
@@ -46,7 +48,18 @@ func nodeProxyGet(ctx context.Context, c *connect.Clients, node string, port int
 		case apierrors.IsForbidden(err):
 			return body, fmt.Errorf("node %s: the API server's node proxy is forbidden (meshctl needs get nodes/proxy): %w", node, err)
 		case errors.As(err, &se) && len(body) > 0 && body[0] == '{':
-			return body, fmt.Errorf("node %s: %s: HTTP %d", node, path, se.Status().Code)
+			var st metav1.Status
+			if json.Unmarshal(body, &st) != nil || st.Kind != "Status" || st.Message == "" {
+				// meshd's own answer (its body tells more).
+				return body, fmt.Errorf("node %s: %s: HTTP %d", node, path, se.Status().Code)
+			}
+			// The API server's answer: the node proxy could not reach meshd
+			// (503, "error trying to reach service: dial tcp ...: connection
+			// refused") or refused the request.
+			if st.Code == http.StatusServiceUnavailable || st.Reason == metav1.StatusReasonServiceUnavailable {
+				return body, fmt.Errorf("node %s: meshd is not reachable on %s:%d (not running?): HTTP 503: %s", node, node, port, st.Message)
+			}
+			return body, fmt.Errorf("node %s: %s: HTTP %d from the API server's node proxy: %s", node, path, se.Status().Code, st.Message)
 		}
 		return body, fmt.Errorf("node %s: reaching meshd at port %d through the API server's node proxy: %w", node, port, err)
 	}
