@@ -97,7 +97,7 @@ manifests' --listen $(HOST_IP):9477). Exit code 1 when a pair fails.
 Output formats (-o): table (default), json, yaml.`,
 		Example: `  meshctl check
   meshctl check --from node-1 -o json | jq '.pairs[] | select(.ok | not)'`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
 				return err

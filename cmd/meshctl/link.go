@@ -208,7 +208,7 @@ A cluster whose kubeconfig has no CA data is refused unless
                --to-kubeconfig k2.yaml --to-name west --to-service-cidr 10.97.0.0/16 --to-mesh-cidr 10.5.0.0/16
   # two contexts of one kubeconfig (the cluster names default to the contexts)
   meshctl --kubeconfig all.yaml link --from-context east --from-mesh-cidr 10.4.0.0/16 --to-context west --to-mesh-cidr 10.5.0.0/16`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs, ts, err := e.settingsOf(&from, &to)
 			if err != nil {
@@ -355,7 +355,7 @@ other cluster's peers and routes.
 Only the clusters (--from-/--to-kubeconfig or -context) and their names
 (--from-/--to-name, default: the contexts) matter here; link's range and
 settings flags are accepted and ignored.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			from.identityOnly()
 			to.identityOnly()

@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -41,8 +42,6 @@ func main() {
 func (e *env) execute(args []string) int {
 	root := newRootCommand(e)
 	root.SetArgs(args)
-	root.SetOut(e.stdout)
-	root.SetErr(e.stderr)
 	if err := root.Execute(); err != nil {
 		fmt.Fprintf(e.stderr, "meshctl: %v\n", err)
 		var ue usageError
@@ -131,14 +130,91 @@ so on stderr).`,
 
 	root.AddCommand(newShowconfCommand(e), newGraphCommand(e), newStatusCommand(e), newCheckCommand(e), newDiagnoseCommand(e), newLinkCommand(e), newUnlinkCommand(e), newVersionCommand(e))
 	root.AddCommand(newRotateKeyCommand(e))
+	// Before strictArgs, which adds the completion commands: they keep the
+	// output they see then.
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	strictArgs(root)
 	return root
+}
+
+// strictArgs makes every unexpected argument a bad invocation: exit 2, a
+// usage message on stderr and nothing on stdout. Cobra alone exits 1 for an
+// unknown command or an extra argument, and prints the help on stdout with
+// exit 0 for a command that only groups others (showconf, completion) given
+// an argument, so `meshctl showconf nodes x > wg.conf` succeeded with help
+// text in wg.conf. strictArgs makes those parents runnable (without
+// arguments they still print their help), turns every argument check into
+// a usageError, and has help reject an unknown topic.
+func strictArgs(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		switch {
+		case c.HasParent() && c.Name() == "help" && c.Run != nil:
+			run := c.Run
+			c.Run = nil
+			c.RunE = func(cmd *cobra.Command, args []string) error {
+				if found, rest, err := root.Find(args); err != nil || len(rest) > 0 || found == nil {
+					return usageError{fmt.Errorf("unknown help topic %q (see %s --help)", strings.Join(args, " "), root.CommandPath())}
+				}
+				run(cmd, args)
+				return nil
+			}
+		case c.HasSubCommands() && !c.Runnable():
+			c.Args = subcommandArgs
+			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		case c.Args != nil:
+			check := c.Args
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				err := check(cmd, args)
+				var ue usageError
+				if err != nil && !errors.As(err, &ue) {
+					err = usageError{fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())}
+				}
+				return err
+			}
+		}
+	}
+	walk(root)
+	// The help of a parent shows its subcommands' usage, as before it was
+	// runnable (no "meshctl showconf [flags]" line).
+	root.SetUsageTemplate(strings.Replace(root.UsageTemplate(), "Usage:{{if .Runnable}}", "Usage:{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
+}
+
+// subcommandArgs is the argument check of a command that only groups
+// others: any argument left is an unknown command.
+func subcommandArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	hint := ""
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2 // cobra's default, set only where cobra suggests itself
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		hint = "did you mean " + strings.Join(s, " or ") + "? "
+	}
+	return usageError{fmt.Errorf("unknown command %q for %q (%ssee %s --help)", args[0], cmd.CommandPath(), hint, cmd.CommandPath())}
+}
+
+// noArgs is the argument check of a command that takes none.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q (see %s --help)", cmd.CommandPath(), strings.Join(args, " "), cmd.CommandPath())}
+	}
+	return nil
 }
 
 func newVersionCommand(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print meshctl's version",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			fmt.Fprintln(e.stdout, version)
 			return nil
@@ -158,7 +234,6 @@ func newShowconfCommand(e *env) *cobra.Command {
 
 Private keys never leave the nodes (or the peer's machine): they are never
 printed.`,
-		Args: cobra.NoArgs,
 	}
 	c.AddCommand(newShowconfNodeCommand(e), newShowconfPeerCommand(e))
 	return c
@@ -279,7 +354,7 @@ a non-leader to its leader (underlay, no WireGuard).
 -o svg runs Graphviz's dot, which must be in PATH.`,
 		Example: `  meshctl graph | dot -Tpng > mesh.png
   meshctl graph -o svg > mesh.svg`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "dot", "svg"); err != nil {
 				return err

@@ -406,6 +406,47 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// docs/meshctl.md: "2 bad invocation". An unknown command or an extra
+// argument exited 1, and a typo in a subcommand of showconf or completion
+// printed the help on stdout and exited 0, so `meshctl showconf nodes eu-1
+// > wg.conf` succeeded and wrote help text into wg.conf.
+func TestBadInvocationExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus" for "meshctl" (see meshctl --help)`},
+		{[]string{"stauts"}, `unknown command "stauts" for "meshctl" (did you mean status? see meshctl --help)`},
+		{[]string{"status", "extra"}, `meshctl status takes no arguments, got "extra" (see meshctl status --help)`},
+		{[]string{"graph", "extra"}, "meshctl graph takes no arguments"},
+		{[]string{"version", "extra"}, "meshctl version takes no arguments"},
+		{[]string{"check", "extra"}, "meshctl check takes no arguments"},
+		{[]string{"link", "extra"}, "meshctl link takes no arguments"},
+		{[]string{"unlink", "extra"}, "meshctl unlink takes no arguments"},
+		{[]string{"diagnose", "eu-1", "eu-2"}, "meshctl diagnose wants exactly one argument, NODE"},
+		{[]string{"rotate-key"}, "meshctl rotate-key wants exactly one argument, NODE"},
+		{[]string{"showconf", "nodes", "eu-1"}, `unknown command "nodes" for "meshctl showconf" (did you mean node? see meshctl showconf --help)`},
+		{[]string{"showconf", "bogus"}, `unknown command "bogus" for "meshctl showconf"`},
+		{[]string{"completion", "bogus"}, `unknown command "bogus" for "meshctl completion"`},
+		{[]string{"completion", "bash", "extra"}, `unknown command "extra" for "meshctl completion bash" (see meshctl completion bash --help)`},
+		{[]string{"help", "bogus"}, `unknown help topic "bogus" (see meshctl --help)`},
+		{[]string{"help", "showconf", "nodes"}, `unknown help topic "showconf nodes"`},
+	} {
+		kube, md := fixtureClients()
+		r := runMeshctl(t, kube, md, tc.args...)
+		if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("meshctl %v: exit %d, stdout %q, stderr %q; want exit 2, nothing on stdout and %q", tc.args, r.code, r.stdout, r.stderr, tc.want)
+		}
+	}
+	// Without an argument, a command that groups others prints its help.
+	for _, args := range [][]string{{}, {"showconf"}, {"completion"}, {"help"}, {"help", "showconf", "node"}} {
+		kube, md := fixtureClients()
+		if r := runMeshctl(t, kube, md, args...); r.code != 0 || !strings.Contains(r.stdout, "Usage:") || r.stderr != "" {
+			t.Errorf("meshctl %v: exit %d, stdout %q, stderr %q; want its help", args, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
 func TestMissingCRD(t *testing.T) {
 	kube, md := fixtureClients()
 	md.PrependReactor("list", "peers", func(clienttesting.Action) (bool, runtime.Object, error) {

@@ -344,7 +344,7 @@ it lists no problems, and exits 1 with the last status if it still lists
 problems when DURATION has passed.`,
 		Example: `  meshctl status -o json | jq '.problems'
   meshctl status --wait 5m`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "table", "json", "yaml"); err != nil {
 				return err
