@@ -165,7 +165,7 @@ func (e *env) check(ctx context.Context, o checkOptions) (*checkReport, error) {
 	}
 	for _, n := range append(slices.Clone(o.from), o.to...) {
 		if _, ok := m.Objs[n]; !ok {
-			return nil, usageError{unknown("node", n, m.nodeNames())}
+			return nil, unknown("node", n, m.nodeNames())
 		}
 	}
 	c, err := e.newClients(e.s.kubeconfig, e.s.context)

@@ -166,9 +166,17 @@ func TestCheckRouteHop(t *testing.T) {
 func TestCheckBadFlags(t *testing.T) {
 	kube, md := healthyClients()
 	f := &fakeNodes{}
-	for _, args := range [][]string{{"check", "--count", "0"}, {"check", "--from", "nope"}, {"check", "-o", "dot"}} {
+	for _, args := range [][]string{{"check", "--count", "0"}, {"check", "-o", "dot"}} {
 		if r := runMeshctlWith(t, kube, md, func(e *env) { e.nodeGet = f.get }, args...); r.code != 2 {
 			t.Errorf("%v: exit %d: %s", args, r.code, r.stderr)
+		}
+	}
+	// An unknown node is a failure like everywhere else (docs/meshctl.md:
+	// exit 1), not a bad invocation.
+	for _, args := range [][]string{{"check", "--from", "nope"}, {"check", "--to", "eu-1,nope"}} {
+		r := runMeshctlWith(t, kube, md, func(e *env) { e.nodeGet = f.get }, args...)
+		if want := `node "nope" not found; known nodes: eu-1, eu-2, us-1, us-2, us-3`; r.code != 1 || !strings.Contains(r.stderr, want) || r.stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 1 and %q", args, r.code, r.stdout, r.stderr, want)
 		}
 	}
 }

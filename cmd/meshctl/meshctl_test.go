@@ -447,6 +447,26 @@ func TestBadInvocationExitCodes(t *testing.T) {
 	}
 }
 
+// docs/meshctl.md: an unknown node is a failure (exit 1) whose message
+// names the known nodes, for every command that takes one.
+func TestUnknownNode(t *testing.T) {
+	for _, args := range [][]string{
+		{"showconf", "node", "nope"},
+		{"showconf", "node", "nope", "--as-peer"},
+		{"diagnose", "nope"},
+		{"check", "--from", "nope"},
+		{"check", "--to", "nope"},
+		{"rotate-key", "nope"},
+	} {
+		kube, md := fixtureClients()
+		r := runMeshctl(t, kube, md, args...)
+		want := `meshctl: node "nope" not found; known nodes: eu-1, eu-2, us-1, us-2, us-3` + "\n"
+		if r.code != 1 || !strings.HasSuffix(r.stderr, want) || r.stdout != "" {
+			t.Errorf("meshctl %v: exit %d, stdout %q, stderr %q; want exit 1 and %q", args, r.code, r.stdout, r.stderr, want)
+		}
+	}
+}
+
 func TestMissingCRD(t *testing.T) {
 	kube, md := fixtureClients()
 	md.PrependReactor("list", "peers", func(clienttesting.Action) (bool, runtime.Object, error) {

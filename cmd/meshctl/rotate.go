@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 )
 
@@ -55,14 +57,18 @@ func (e *env) rotateKey(ctx context.Context, name string, wait bool, timeout tim
 	if err != nil {
 		return err
 	}
+	server := "the API server"
+	if c.Config != nil && c.Config.Host != "" {
+		server = c.Config.Host
+	}
 	rctx, cancel := context.WithTimeout(ctx, e.s.timeout)
 	defer cancel()
 	n, err := c.Kube.CoreV1().Nodes().Get(rctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("node %q not found", name)
+		return unknownNode(rctx, c, name)
 	}
 	if err != nil {
-		return fmt.Errorf("reading node %s: %w", name, err)
+		return rotateAPIError(err, "reading node "+name, server)
 	}
 	old := n.Annotations[convert.AnnotationPublicKey]
 	if old == "" {
@@ -71,7 +77,7 @@ func (e *env) rotateKey(ctx context.Context, name string, wait bool, timeout tim
 	request := e.now().UTC().Format(time.RFC3339Nano)
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{convert.AnnotationRotateKey: request}}})
 	if _, err := c.Kube.CoreV1().Nodes().Patch(rctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "meshctl"}); err != nil {
-		return fmt.Errorf("requesting the key rotation on node %s: %w", name, err)
+		return rotateAPIError(err, "requesting the key rotation on node "+name, server)
 	}
 	if !wait {
 		fmt.Fprintf(e.stdout, "key rotation requested on node %s (%s=%s)\n", name, convert.AnnotationRotateKey, request)
@@ -93,10 +99,34 @@ func (e *env) rotateKey(ctx context.Context, name string, wait bool, timeout tim
 		case <-wctx.Done():
 			why := "meshd on the node has not completed it"
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-				why = err.Error()
+				why = rotateAPIError(err, "reading node "+name, server).Error()
 			}
 			return fmt.Errorf("key rotation requested on node %s (%s=%s) but not done within %s: %s; the request stays and meshd completes it when it can (see its log)", name, convert.AnnotationRotateKey, request, timeout, why)
 		case <-time.After(interval):
 		}
 	}
+}
+
+// unknownNode is the error for a node the API server does not know: it
+// names the known ones, as the commands that read the whole cluster do.
+func unknownNode(ctx context.Context, c *connect.Clients, name string) error {
+	nl, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("node %q not found", name)
+	}
+	names := make([]string, 0, len(nl.Items))
+	for _, n := range nl.Items {
+		names = append(names, n.Name)
+	}
+	slices.Sort(names)
+	return unknown("node", name, names)
+}
+
+// rotateAPIError is apiError for rotate-key, which reads and patches one
+// Node rather than listing.
+func rotateAPIError(err error, what, server string) error {
+	if apierrors.IsForbidden(err) {
+		return fmt.Errorf("%s on %s: forbidden (rotate-key needs get and patch on nodes): %w", what, server, err)
+	}
+	return apiError(err, what, server)
 }

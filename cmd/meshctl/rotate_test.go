@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clienttesting "k8s.io/client-go/testing"
@@ -57,7 +60,7 @@ func TestRotateKeyErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"rotate-key", "nope"}, `node "nope" not found`},
+		{[]string{"rotate-key", "nope"}, `node "nope" not found; known nodes: eu-1, eu-2, us-1, us-2, us-3`},
 		{[]string{"rotate-key", "us-3"}, "has no meshd.io/public-key"},
 		{[]string{"rotate-key", "eu-1", "--timeout", "20ms"}, "not done within 20ms"},
 	} {
@@ -71,5 +74,29 @@ func TestRotateKeyErrors(t *testing.T) {
 	}
 	if r := runMeshctl(t, kube, md, "rotate-key", "eu-2", "--wait=false"); r.code != 0 || !strings.Contains(r.stdout, "requested") {
 		t.Errorf("--wait=false: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestRotateKeyAPIErrors: failed API calls are explained like those of the
+// other commands (apiError: which call, which server, what to check), not a
+// bare dial error.
+func TestRotateKeyAPIErrors(t *testing.T) {
+	for _, c := range []struct {
+		verb string
+		err  error
+		want string
+	}{
+		{"get", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"),
+			"reading node eu-1: cannot reach the API server " + server + " (check --kubeconfig and its current context): dial tcp 127.0.0.1:6443: connect: connection refused"},
+		{"get", apierrors.NewUnauthorized("no"), "reading node eu-1 on " + server + ": not authorized (check the credentials of your kubeconfig)"},
+		{"patch", apierrors.NewForbidden(corev1.Resource("nodes"), "eu-1", errors.New("no")),
+			"requesting the key rotation on node eu-1 on " + server + ": forbidden (rotate-key needs get and patch on nodes)"},
+	} {
+		kube, md := fixtureClients()
+		kube.PrependReactor(c.verb, "nodes", func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, c.err })
+		r := runMeshctl(t, kube, md, "rotate-key", "eu-1")
+		if r.code != 1 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%s fails with %v: exit %d, stderr %q; want 1 and %q", c.verb, c.err, r.code, r.stderr, c.want)
+		}
 	}
 }
