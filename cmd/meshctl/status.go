@@ -356,9 +356,14 @@ problems when DURATION has passed.`,
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			r, err := e.statusOnce(ctx)
+			var (
+				r   *statusReport
+				err error
+			)
 			if wait > 0 {
-				r, err = e.waitStatus(ctx, wait, r, err)
+				r, err = e.waitStatus(ctx, wait)
+			} else {
+				r, err = e.statusOnce(ctx)
 			}
 			if err != nil {
 				return err
@@ -402,47 +407,58 @@ func (e *env) statusOnce(ctx context.Context) (*statusReport, error) {
 	return newStatusReport(m), nil
 }
 
-// waitStatus reads the cluster again until the status lists no problems or
-// wait has passed since the first read (r, err). Errors reading the cluster
-// are retried (the API server may be restarting), a bad invocation is not.
-// It returns the last status; on timeout with problems, that status (whose
-// problems make the exit code 1), or the last error.
-func (e *env) waitStatus(ctx context.Context, wait time.Duration, r *statusReport, err error) (*statusReport, error) {
+// waitStatus reads the cluster until the status lists no problems or wait
+// has passed. Every read is cut at that deadline (a read of its own would
+// take up to --request-timeout, and a hung API server would keep meshctl
+// past --wait). Errors reading the cluster are retried (the API server may
+// be restarting), a bad invocation is not. It returns the last status; on
+// timeout with problems, that status (whose problems make the exit code 1)
+// — also when the deadline cut the read after it — or else the last error.
+func (e *env) waitStatus(parent context.Context, wait time.Duration) (*statusReport, error) {
 	interval := e.pollInterval
 	if interval <= 0 {
 		interval = defaultPollInterval
 	}
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	last := ""
+	ctx, cancel := context.WithTimeout(parent, wait)
+	defer cancel()
+	var (
+		last *statusReport // the last status read, with problems
+		said string
+	)
 	for {
+		r, err := e.statusOnce(ctx)
 		var ue usageError
 		switch {
 		case errors.As(err, &ue):
 			return nil, err
 		case err == nil && len(r.Problems) == 0:
 			return r, nil
+		case err == nil:
+			last = r
 		}
-		// Say on stderr what is still wrong, once per change.
-		now := fmt.Sprint(err)
-		if err == nil {
-			now = errProblems(len(r.Problems)).Error()
-		}
-		if now != last {
-			fmt.Fprintf(e.stderr, "meshctl: waiting up to %s: %s\n", wait, now)
-			last = now
+		cut := err != nil && ctx.Err() != nil
+		if !cut {
+			// Say on stderr what is still wrong, once per change.
+			now := fmt.Sprint(err)
+			if err == nil {
+				now = errProblems(len(r.Problems)).Error()
+			}
+			if now != said {
+				fmt.Fprintf(e.stderr, "meshctl: waiting up to %s: %s\n", wait, now)
+				said = now
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-deadline.C:
-			if err != nil {
+			if perr := parent.Err(); perr != nil {
+				return nil, perr
+			}
+			if err != nil && !(cut && last != nil) {
 				return nil, fmt.Errorf("--wait %s: timed out: %w", wait, err)
 			}
 			fmt.Fprintf(e.stderr, "meshctl: --wait %s: timed out with problems left\n", wait)
-			return r, nil
+			return last, nil
 		case <-time.After(interval):
 		}
-		r, err = e.statusOnce(ctx)
 	}
 }

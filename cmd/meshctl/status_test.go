@@ -2,18 +2,24 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
 	meshdfake "meshd.io/meshd/pkg/k8s/client/clientset/versioned/fake"
+	"meshd.io/meshd/pkg/k8s/connect"
 	"meshd.io/meshd/pkg/k8s/convert"
 )
 
@@ -165,4 +171,79 @@ func mustNode(t *testing.T, kube *kubefake.Clientset, name string) *corev1.Node 
 		t.Fatal(err)
 	}
 	return o.(*corev1.Node)
+}
+
+// hangingClients are clients of an API server that accepts requests and
+// never answers them (until the request is given up).
+func hangingClients(t *testing.T) *connect.Clients {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	c, err := connect.NewClientsForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// stderrHook calls hook with every write to stderr.
+type stderrHook struct {
+	w    io.Writer
+	hook func(string)
+}
+
+func (s stderrHook) Write(p []byte) (int, error) {
+	s.hook(string(p))
+	return s.w.Write(p)
+}
+
+// TestStatusWaitCutsReadsAtDeadline: --wait D ends after D even when the
+// API server stops answering; each read ran with --request-timeout of its
+// own, past the deadline. The last status read is printed (exit 1 for its
+// problems); with none read, the error says the wait timed out.
+func TestStatusWaitCutsReadsAtDeadline(t *testing.T) {
+	const wait, limit = 300 * time.Millisecond, 4 * time.Second
+	// The first read answers (with the fixture's problems), later ones hang.
+	kube, md := fixtureClients()
+	var hang atomic.Bool
+	hung := hangingClients(t)
+	start := time.Now()
+	r := runMeshctlWith(t, kube, md, func(e *env) {
+		e.pollInterval = time.Millisecond
+		e.stderr = stderrHook{e.stderr, func(s string) {
+			if strings.Contains(s, "waiting up to") {
+				hang.Store(true)
+			}
+		}}
+		e.newClients = func(_, _ string) (*connect.Clients, error) {
+			if hang.Load() {
+				return hung, nil
+			}
+			return &connect.Clients{Kube: kube, Meshd: md, Config: &rest.Config{Host: server}}, nil
+		}
+	}, "status", "--wait", wait.String(), "--request-timeout", "10s")
+	if d := time.Since(start); d > limit {
+		t.Errorf("status --wait %s took %s", wait, d)
+	}
+	if r.code != 1 || !strings.Contains(r.stderr, "--wait 300ms: timed out with problems left") || !strings.Contains(r.stdout, "PROBLEMS\n- node/us-2") {
+		t.Errorf("want the last status read and its problems: exit %d, stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+
+	// No read answers.
+	start = time.Now()
+	r = runMeshctlWith(t, kube, md, func(e *env) {
+		e.newClients = func(_, _ string) (*connect.Clients, error) { return hung, nil }
+	}, "status", "--wait", wait.String(), "--request-timeout", "10s")
+	if d := time.Since(start); d > limit {
+		t.Errorf("status --wait %s against a hung API server took %s", wait, d)
+	}
+	if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "--wait 300ms: timed out: listing Nodes on") || !strings.Contains(r.stderr, "no answer in time") {
+		t.Errorf("exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 }
