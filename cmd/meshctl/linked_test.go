@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +19,7 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/yaml"
 
 	"meshd.io/meshd/pkg/clusterlink"
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
@@ -231,5 +233,34 @@ users:
 	}
 	if out := r.stdout + r.stderr; !strings.Contains(out, "exec credential plugin") {
 		t.Errorf("the refusal is not shown:\n%s", out)
+	}
+}
+
+// A link Secret whose token carries an exp claim past year 9999 (and no
+// meshd.io/link-token-expires) made `meshctl status -o json|yaml` fail for
+// the whole cluster: "Time.MarshalJSON: year outside of range [0,9999]".
+// Such an expiry is unknown.
+func TestStatusStructuredAbsurdTokenExpiry(t *testing.T) {
+	for _, exp := range []string{"999999999999", "-99999999999"} {
+		payload := base64.RawURLEncoding.EncodeToString([]byte(`{"exp":` + exp + `}`))
+		kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"https://c9.example:6443\"}\nusers:\n- name: u\n  user: {token: \"x." + payload + ".y\"}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\n"
+		s := linkSecret("c9")
+		s.Data[clusterlink.LinkKubeconfigKey] = []byte(kc)
+		nodes, leases, peers := fixture()
+		kube := kubefake.NewClientset(append(append(nodes, leases...), s)...)
+		for _, format := range []string{"json", "yaml"} {
+			r := runMeshctlWith(t, kube, meshdfake.NewSimpleClientset(peers...), func(e *env) {
+				e.remoteClients = func([]byte) (*connect.Clients, error) {
+					return &connect.Clients{Kube: kubefake.NewClientset(), Config: &rest.Config{Host: "https://c9.example:6443"}}, nil
+				}
+			}, "status", "-o", format)
+			var st statusReport
+			if err := yaml.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.LinkedClusters) != 1 {
+				t.Fatalf("exp %s, -o %s: exit %d, %v, stdout %q, stderr %q", exp, format, r.code, err, r.stdout, r.stderr)
+			}
+			if lc := st.LinkedClusters[0]; lc.Name != "c9" || lc.TokenExpires != nil || lc.TokenExpired {
+				t.Errorf("exp %s, -o %s: linked cluster %+v, want c9 with an unknown expiry", exp, format, lc)
+			}
+		}
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -440,14 +442,18 @@ func requestLinkToken(ctx context.Context, k kubernetes.Interface, namespace, na
 }
 
 // LinkTokenExpiry is when the link Secret's token expires: from
-// AnnotationLinkTokenExpires, else from the token's own exp claim (read, not
-// verified). ok is false when neither says.
+// AnnotationLinkTokenExpires, else from the exp claim (read, not verified)
+// of the token of the kubeconfig's current context, else of its other users
+// in name order. ok is false when none says, or says a time outside
+// 2000-9999 (a forged or broken value: year 10000 and later cannot be
+// written as RFC 3339, and would fail every JSON or YAML encoding of the
+// expiry, such as meshctl status -o json for the whole cluster).
 func LinkTokenExpiry(s *corev1.Secret) (time.Time, bool) {
 	if s == nil {
 		return time.Time{}, false
 	}
 	if v := s.Annotations[AnnotationLinkTokenExpires]; v != "" {
-		if t, err := time.Parse(time.RFC3339, v); err == nil {
+		if t, err := time.Parse(time.RFC3339, v); err == nil && saneExpiry(t) {
 			return t, true
 		}
 	}
@@ -455,15 +461,37 @@ func LinkTokenExpiry(s *corev1.Secret) (time.Time, bool) {
 	if err != nil {
 		return time.Time{}, false
 	}
-	for _, a := range cfg.AuthInfos {
-		if t, ok := jwtExpiry(a.Token); ok {
-			return t, true
+	var users []string
+	if c := cfg.Contexts[cfg.CurrentContext]; c != nil && cfg.AuthInfos[c.AuthInfo] != nil {
+		users = append(users, c.AuthInfo)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.AuthInfos)) {
+		if len(users) == 0 || name != users[0] {
+			users = append(users, name)
+		}
+	}
+	for _, name := range users {
+		if a := cfg.AuthInfos[name]; a != nil {
+			if t, ok := jwtExpiry(a.Token); ok {
+				return t, true
+			}
 		}
 	}
 	return time.Time{}, false
 }
 
-// jwtExpiry reads the exp claim of a JWT without verifying it.
+// Token expiries outside this range are not believed (LinkTokenExpiry).
+var (
+	earliestExpiry = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	latestExpiry   = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
+)
+
+func saneExpiry(t time.Time) bool {
+	return !t.Before(earliestExpiry) && !t.After(latestExpiry)
+}
+
+// jwtExpiry reads the exp claim of a JWT without verifying it: a NumericDate
+// (seconds, fractions dropped) within 2000-9999.
 func jwtExpiry(tok string) (time.Time, bool) {
 	parts := strings.Split(tok, ".")
 	if len(parts) != 3 {
@@ -474,12 +502,16 @@ func jwtExpiry(tok string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	var claims struct {
-		Exp int64 `json:"exp"`
+		Exp float64 `json:"exp"`
 	}
-	if json.Unmarshal(b, &claims) != nil || claims.Exp == 0 {
+	if json.Unmarshal(b, &claims) != nil {
 		return time.Time{}, false
 	}
-	return time.Unix(claims.Exp, 0), true
+	// Compared as floats first: a huge exp must not overflow int64.
+	if claims.Exp < float64(earliestExpiry.Unix()) || claims.Exp > float64(latestExpiry.Unix()) {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(claims.Exp), 0), true
 }
 
 // LinkTokenAnchor names the Secret the link token of reader cluster toName is

@@ -2,6 +2,7 @@ package clusterlink
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -207,5 +208,77 @@ func TestLinkTokenExpiry(t *testing.T) {
 	}
 	if _, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: []byte("nonsense")}}); ok {
 		t.Error("an unreadable kubeconfig has no expiry")
+	}
+}
+
+// tokenKubeconfig is a kubeconfig whose users carry JWTs with the given
+// claims (in user order), the current context using the first user's.
+func tokenKubeconfig(claims ...string) []byte {
+	kc := "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: c, user: u0}\nusers:\n"
+	for i, c := range claims {
+		kc += fmt.Sprintf("- name: u%d\n  user:\n    token: eyJhbGciOiJSUzI1NiJ9.%s.c2ln\n", i, base64.RawURLEncoding.EncodeToString([]byte(c)))
+	}
+	return []byte(kc)
+}
+
+// An expiry outside 2000-9999 is unknown: year 10000 and later cannot be
+// encoded as RFC 3339, and such an exp claim in one link Secret made
+// `meshctl status -o json|yaml` fail for the whole cluster ("year outside
+// of range [0,9999]"). A fractional NumericDate is read (fraction dropped).
+func TestLinkTokenExpiryOutOfRange(t *testing.T) {
+	for _, claims := range []string{
+		`{"exp":999999999999}`, `{"exp":253402300800}`, `{"exp":-1}`, `{"exp":-62135596801}`, `{"exp":0}`,
+		`{"exp":946684799}`, `{"exp":1e300}`, `{"exp":-1e300}`, `{"exp":9223372036854775807}`, `{"exp":1e400}`,
+		`{"exp":"1800000000"}`, `{"exp":null}`, `{}`,
+	} {
+		if got, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: tokenKubeconfig(claims)}}); ok {
+			t.Errorf("%s: expiry %v, want unknown", claims, got)
+		}
+	}
+	for _, v := range []string{"10000-01-01T00:00:00Z", "9999-12-31T23:30:00-01:00", "1999-12-31T23:59:59Z", "0000-01-01T00:00:00Z", "soon"} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationLinkTokenExpires: v}}}
+		if got, ok := LinkTokenExpiry(s); ok {
+			t.Errorf("annotation %q: expiry %v, want unknown", v, got)
+		}
+	}
+	for claims, want := range map[string]time.Time{
+		`{"exp":946684800}`:          time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
+		`{"exp":253402300799}`:       time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC),
+		`{"exp":1800000000.75}`:      time.Unix(1800000000, 0),
+		`{"exp":1.8e9,"iat":-5e300}`: time.Unix(1800000000, 0),
+	} {
+		got, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: tokenKubeconfig(claims)}})
+		if !ok || !got.Equal(want) {
+			t.Errorf("%s: expiry %v %v, want %v", claims, got, ok, want)
+			continue
+		}
+		if _, err := json.Marshal(got); err != nil {
+			t.Errorf("%s: %v", claims, err)
+		}
+	}
+	// An unbelievable annotation leaves the token's claim to say.
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationLinkTokenExpires: "10000-01-01T00:00:00Z"}},
+		Data:       map[string][]byte{LinkKubeconfigKey: tokenKubeconfig(`{"exp":1800000000}`)},
+	}
+	if got, ok := LinkTokenExpiry(s); !ok || !got.Equal(time.Unix(1800000000, 0)) {
+		t.Errorf("annotation out of range, claim in range: %v %v", got, ok)
+	}
+}
+
+// With several users, the expiry is the current context's user's token's,
+// else the first other user's by name: the same every time.
+func TestLinkTokenExpiryUserOrder(t *testing.T) {
+	kc := tokenKubeconfig(`{"exp":1800000000}`, `{"exp":1700000000}`, `{"exp":1900000000}`)
+	for range 20 {
+		if got, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: kc}}); !ok || !got.Equal(time.Unix(1800000000, 0)) {
+			t.Fatalf("expiry %v %v, want the current context's token's", got, ok)
+		}
+	}
+	kc = tokenKubeconfig(`{}`, `{"exp":1700000000}`, `{"exp":1900000000}`)
+	for range 20 {
+		if got, ok := LinkTokenExpiry(&corev1.Secret{Data: map[string][]byte{LinkKubeconfigKey: kc}}); !ok || !got.Equal(time.Unix(1700000000, 0)) {
+			t.Fatalf("expiry %v %v, want user u1's", got, ok)
+		}
 	}
 }
