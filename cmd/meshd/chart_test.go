@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -116,4 +117,91 @@ func hasArgs(t *testing.T, what string, args, want []string) {
 			t.Errorf("%s args %q lack %s", what, args, w)
 		}
 	}
+}
+
+// TestChartMCSCRDs: with mcsCRDs.install the chart renders the CRDs of
+// manifests/components/mcs-crds unchanged but for the annotation
+// helm.sh/resource-policy: keep, so that switching the value off or
+// `helm uninstall` does not delete the CRDs and with them every
+// ServiceExport and ServiceImport.
+func TestChartMCSCRDs(t *testing.T) {
+	helm := chartHelm(t)
+	root := filepath.Join("..", "..")
+	chart := filepath.Join(root, "charts", "meshd")
+	cmd := exec.Command(helm, "template", "meshd", chart, "-n", "meshd-system", "--kube-version", "v1.36.3",
+		"--set", "mcsCRDs.install=true", "--show-only", "templates/mcs-crds.yaml")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	rendered := map[string]map[string]any{}
+	for _, doc := range strings.Split(string(out), "\n---") {
+		var obj map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj == nil {
+			continue
+		}
+		name, _, _ := unstructured.NestedString(obj, "metadata", "name")
+		rendered[name] = obj
+	}
+	files, err := filepath.Glob(filepath.Join(root, "manifests", "components", "mcs-crds", "*_*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in manifests/components/mcs-crds: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[string]any
+		if err := yaml.Unmarshal(data, &want); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		name, _, _ := unstructured.NestedString(want, "metadata", "name")
+		got, ok := rendered[name]
+		if !ok {
+			t.Errorf("the chart does not render %s (%s)", name, filepath.Base(f))
+			continue
+		}
+		delete(rendered, name)
+		if err := unstructured.SetNestedField(want, "keep", "metadata", "annotations", "helm.sh/resource-policy"); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("the chart's %s is not %s plus helm.sh/resource-policy: keep; differing: %v", name, filepath.Base(f), differingKeys(want, got, ""))
+		}
+	}
+	for name := range rendered {
+		t.Errorf("the chart renders %s, which manifests/components/mcs-crds lacks", name)
+	}
+}
+
+// differingKeys lists the paths (down to two levels) where a and b differ.
+func differingKeys(a, b map[string]any, prefix string) []string {
+	var out []string
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	for k := range keys {
+		if reflect.DeepEqual(a[k], b[k]) {
+			continue
+		}
+		am, aok := a[k].(map[string]any)
+		bm, bok := b[k].(map[string]any)
+		if aok && bok && prefix == "" {
+			out = append(out, differingKeys(am, bm, k+".")...)
+		} else {
+			out = append(out, prefix+k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
