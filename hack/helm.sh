@@ -47,8 +47,10 @@ for f in manifests/components/mcs-crds/*_*.yaml; do
 		exit 1
 	fi
 done
-# values.schema.json refuses unknown keys and values outside the code's enums.
-for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000; do
+# values.schema.json and the templates' checks refuse unknown keys and values
+# meshd refuses (cmd/meshd TestChartRefusesWhatMeshdRefuses has more).
+for bad in meshGranularity=locaton wireguard=kernal meshGranuarity=full mtu=1000 port=51821 interface=.. \
+	'serviceCIDRs={999.1.1.1/8}' 'serviceCIDRs={10.4.0.0/16}' 'meshCIDRs={10.4.0.0/16,10.5.0.0/16}'; do
 	if "$HELM" template meshd charts/meshd --kube-version "${KUBE_VERSION:-v1.36.3}" --set "$bad" >/dev/null 2>&1; then
 		echo "hack/helm.sh: values.schema.json accepts --set $bad" >&2
 		exit 1
