@@ -7,8 +7,8 @@ import (
 // ClusterLink is a cluster linked to this one with `meshctl link`, as the
 // link controller (`meshd link`) sees it: the agreement recorded at link
 // time (spec) and the linked cluster's location leaders (status). The
-// controller is the only component that holds the link's credentials and
-// the only writer of ClusterLinks; every meshd node reads them and peers
+// controller holds the link's credentials, which no meshd node does, and
+// is the only writer of ClusterLinks; every meshd node reads them and peers
 // with the leaders, after checking their ranges against the local cluster
 // (pkg/mesh's trust policy). It is named after the linked cluster.
 //
