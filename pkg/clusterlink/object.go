@@ -106,6 +106,9 @@ func leaderPeer(l v1alpha1.ClusterLinkLeader) (mesh.Peer, error) {
 	if err != nil {
 		return mesh.Peer{}, fmt.Errorf("public key: %w", err)
 	}
+	if l.PersistentKeepalive < 0 || l.PersistentKeepalive > 65535 {
+		return mesh.Peer{}, fmt.Errorf("persistent keepalive %d: want 0-65535 seconds", l.PersistentKeepalive)
+	}
 	p := mesh.Peer{Name: l.Name, PublicKey: key, PersistentKeepalive: time.Duration(l.PersistentKeepalive) * time.Second}
 	if l.Endpoint != "" {
 		if p.Endpoint, err = parseEndpoint(l.Endpoint); err != nil {
@@ -117,7 +120,7 @@ func leaderPeer(l v1alpha1.ClusterLinkLeader) (mesh.Peer, error) {
 		if err != nil {
 			return mesh.Peer{}, fmt.Errorf("allowed IP %q is not a CIDR", s)
 		}
-		p.AllowedIPs = append(p.AllowedIPs, a)
+		p.AllowedIPs = append(p.AllowedIPs, a.Masked())
 	}
 	return p, nil
 }
@@ -126,6 +129,12 @@ func leaderPeer(l v1alpha1.ClusterLinkLeader) (mesh.Peer, error) {
 // host:port.
 func parseEndpoint(s string) (mesh.Endpoint, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil && ap.Port() != 0 {
+		// A zone (fe80::1%eth0) names a link of the writer's, and an
+		// address with one matches no allowed IP, so a range covering
+		// it would not be refused: never an endpoint here.
+		if ap.Addr().Zone() != "" {
+			return mesh.Endpoint{}, fmt.Errorf("endpoint %q: an address with a zone", s)
+		}
 		return mesh.Endpoint{Addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
 	}
 	i := strings.LastIndexByte(s, ':')
