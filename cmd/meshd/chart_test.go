@@ -418,16 +418,7 @@ func TestChartSchemaPatterns(t *testing.T) {
 	}
 	// Valid prefixes of both families, in short and expanded form.
 	for range 20000 {
-		var a [16]byte
-		for i := range a {
-			if rng.IntN(3) > 0 {
-				a[i] = byte(rng.IntN(256))
-			}
-		}
-		addr := netip.AddrFrom16(a)
-		if rng.IntN(2) == 0 {
-			addr = netip.AddrFrom4([4]byte(a[:4]))
-		}
+		addr := randomAddr(rng)
 		bits := rng.IntN(addr.BitLen() + 3)
 		checkCIDR(fmt.Sprintf("%s/%d", addr, bits))
 		checkCIDR(fmt.Sprintf("%s/%d", addr.StringExpanded(), bits))
@@ -466,16 +457,7 @@ data:
 		cidrs, want = append(cidrs, s), append(want, bitsOf(p))
 	}
 	for range 2000 {
-		var a [16]byte
-		for i := range a {
-			if rng.IntN(3) > 0 {
-				a[i] = byte(rng.IntN(256))
-			}
-		}
-		addr := netip.AddrFrom16(a)
-		if rng.IntN(2) == 0 {
-			addr = netip.AddrFrom4([4]byte(a[:4]))
-		}
+		addr := randomAddr(rng)
 		s := addr.String()
 		switch rng.IntN(3) {
 		case 0:
@@ -522,4 +504,19 @@ func bitsOf(p netip.Prefix) string {
 		fmt.Fprintf(&b, "%08b", x)
 	}
 	return b.String()[:2+p.Bits()]
+}
+
+// randomAddr is an IPv4 or IPv6 address, a third of its bytes zero (so
+// short forms with "::" come up).
+func randomAddr(rng *rand.Rand) netip.Addr {
+	var a [16]byte
+	for i := range a {
+		if rng.IntN(3) > 0 {
+			a[i] = byte(rng.IntN(256))
+		}
+	}
+	if rng.IntN(2) == 0 {
+		return netip.AddrFrom4([4]byte(a[:4]))
+	}
+	return netip.AddrFrom16(a)
 }

@@ -156,17 +156,28 @@ func GuardPeers(in *MeshInput, apiServers ...netip.Addr) {
 	}
 	for i := range in.Peers {
 		p := &in.Peers[i]
-		var kept []netip.Prefix
-		for _, a := range p.AllowedIPs {
-			if c, bad := mesh.CoversProtected(a, protected); bad {
-				id := "peer/" + p.Name
-				in.Problems[id] = append(in.Problems[id], fmt.Errorf("allowed IP %s covers %s (%s): refused, not routed", a, c.What, c.Addr))
-				continue
-			}
-			kept = append(kept, a)
-		}
-		p.AllowedIPs = kept
+		id := "peer/" + p.Name
+		p.AllowedIPs = keepUnprotected(p.AllowedIPs, protected, func(a netip.Prefix, c mesh.ProtectedAddr) {
+			in.Problems[id] = append(in.Problems[id], fmt.Errorf("allowed IP %s covers %s (%s): refused, not routed", a, c.What, c.Addr))
+		})
 	}
+}
+
+// keepUnprotected returns the prefixes of ps that cover no protected
+// address (ps itself when all do not), calling refused for each other one.
+func keepUnprotected(ps []netip.Prefix, protected []mesh.ProtectedAddr, refused func(netip.Prefix, mesh.ProtectedAddr)) []netip.Prefix {
+	var kept []netip.Prefix
+	for _, p := range ps {
+		if c, bad := mesh.CoversProtected(p, protected); bad {
+			refused(p, c)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	if len(kept) == len(ps) {
+		return ps
+	}
+	return kept
 }
 
 // guardLocationIPs drops every meshd.io/allowed-location-ips range of a
@@ -177,30 +188,17 @@ func GuardPeers(in *MeshInput, apiServers ...netip.Addr) {
 // ranges against the nodes' addresses and endpoints itself; the API
 // server's addresses it does not know.
 func guardLocationIPs(in *MeshInput, apiServers []netip.Addr) {
-	var protected []mesh.ProtectedAddr
-	for _, a := range apiServers {
-		if a.IsValid() {
-			protected = append(protected, mesh.ProtectedAddr{Addr: a.Unmap(), What: "the API server"})
-		}
-	}
+	protected := mesh.LocalGuard(mesh.Options{}, nil, apiServers...).Protected
 	if len(protected) == 0 {
 		return
 	}
 	for i := range in.Nodes {
-		n := &in.Nodes[i]
-		var kept []netip.Prefix
-		for _, p := range n.AllowedLocationIPs {
-			if c, bad := mesh.CoversProtected(p, protected); bad {
-				id := "node/" + n.Name
-				// Clipped: the slice may be the NodeCache's own.
-				in.Problems[id] = append(slices.Clip(in.Problems[id]), fmt.Errorf("annotation %s: %s covers %s (%s): refused, not routed", AnnotationAllowedLocationIPs, p, c.What, c.Addr))
-				continue
-			}
-			kept = append(kept, p)
-		}
-		if len(kept) != len(n.AllowedLocationIPs) {
-			n.AllowedLocationIPs = kept // a copy's field: the NodeCache keeps its own
-		}
+		n := &in.Nodes[i] // a copy's field: the NodeCache keeps its own
+		id := "node/" + n.Name
+		n.AllowedLocationIPs = keepUnprotected(n.AllowedLocationIPs, protected, func(p netip.Prefix, c mesh.ProtectedAddr) {
+			// Clipped: the slice may be the NodeCache's own.
+			in.Problems[id] = append(slices.Clip(in.Problems[id]), fmt.Errorf("annotation %s: %s covers %s (%s): refused, not routed", AnnotationAllowedLocationIPs, p, c.What, c.Addr))
+		})
 	}
 }
 
