@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"meshd.io/meshd/e2e/testbed"
+	"meshd.io/meshd/pkg/nodestate"
 )
 
 // sinceLastCreate says when the slowest daemon had its full peer set,
@@ -116,6 +117,10 @@ type benchConfig struct {
 	// discovered: how many discovered endpoints each fake publishes in
 	// full mesh (BENCH_FAKE_DISCOVERED).
 	discovered int
+	// lazy: meshd runs with --wireguard-lazy-peers (BENCH_LAZY=1); the
+	// peer sets are then read from meshd's /debug/meshd, since the device
+	// holds only the peers with traffic.
+	lazy bool
 }
 
 func benchConfigFromEnv(t *testing.T) benchConfig {
@@ -151,6 +156,7 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 		out:       os.Getenv("BENCH_OUT"),
 		profile:   os.Getenv("BENCH_PROFILE"),
 		silent:    os.Getenv("BENCH_SILENT_FAKES") == "1",
+		lazy:      os.Getenv("BENCH_LAZY") == "1",
 		// What meshd publishes at most for peers not behind NAT
 		// (convert.DiscoveredLimit).
 		discovered: num("BENCH_FAKE_DISCOVERED", 64),
@@ -203,6 +209,10 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	args := []string{"--mesh-granularity", mode, "--resync-period", "30s", "--log-level", cmpOr(os.Getenv("BENCH_LOG_LEVEL"), "info")}
 	if cfg.profile != "" {
 		args = append(args, "--debug-pprof", benchPprofAddr)
+	}
+	if cfg.lazy {
+		args = append(args, "--wireguard-lazy-peers")
+		rep.title += ", --wireguard-lazy-peers"
 	}
 
 	hb, err := tb.StartFakeHeartbeats(ctx, 10*time.Second)
@@ -310,7 +320,7 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		return ks
 	}
 	wantBefore := want(before)
-	took := benchWaitPeers(t, ctx, leaders, wantBefore, 120*time.Second, t0)
+	took := benchWaitPeers(t, ctx, cfg, leaders, wantBefore, 120*time.Second, t0)
 	rep.add("cold start", fmt.Sprintf("meshd started on 3 nodes among %d: full peer set (%d peers on leaders) after %s",
 		3+len(before), len(wantBefore[leaders[0].Name]), fmtTook(took)))
 
@@ -335,7 +345,7 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 		}
 		created <- err
 	}()
-	took = benchWaitPeers(t, ctx, leaders, wantAll, 120*time.Second, t0)
+	took = benchWaitPeers(t, ctx, cfg, leaders, wantAll, 120*time.Second, t0)
 	if err := <-created; err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +375,7 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	if err := n1.StartMeshd(args...); err != nil {
 		t.Fatal(err)
 	}
-	back := benchWaitPeers(t, ctx, []*testbed.Node{n1}, wantAll, 120*time.Second, tStart)[n1.Name]
+	back := benchWaitPeers(t, ctx, cfg, []*testbed.Node{n1}, wantAll, 120*time.Second, tStart)[n1.Name]
 	rep.add("restart", fmt.Sprintf("meshd on n1 among %d Nodes: SIGTERM to exit %d ms, start to full peer set (%d peers, new meshd0) %d ms (goal <= 5 s)",
 		cfg.nodes, stopped.Milliseconds(), len(wantAll[n1.Name]), back.Milliseconds()))
 
@@ -395,7 +405,7 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 			go func() {
 				defer wg.Done()
 				err := poll(ctx, 60*time.Second, 20*time.Millisecond, func() error {
-					ps, err := uapiPeers(n)
+					ps, err := cfg.peers(ctx, n)
 					if err != nil {
 						return err
 					}
@@ -635,7 +645,7 @@ func pct(ds []time.Duration, p int) time.Duration {
 
 // benchWaitPeers is waitPeers over the UAPI socket (no process per poll:
 // at 1,000 peers `wg show` in a loop would load the machine it measures).
-func benchWaitPeers(t *testing.T, ctx context.Context, nodes []*testbed.Node, want keySet, timeout time.Duration, t0 time.Time) map[string]time.Duration {
+func benchWaitPeers(t *testing.T, ctx context.Context, cfg benchConfig, nodes []*testbed.Node, want keySet, timeout time.Duration, t0 time.Time) map[string]time.Duration {
 	t.Helper()
 	var mu sync.Mutex
 	took := map[string]time.Duration{}
@@ -646,7 +656,7 @@ func benchWaitPeers(t *testing.T, ctx context.Context, nodes []*testbed.Node, wa
 		go func() {
 			defer wg.Done()
 			err := poll(ctx, timeout, 50*time.Millisecond, func() error {
-				ps, err := uapiPeers(n)
+				ps, err := cfg.peers(ctx, n)
 				if err != nil {
 					return err
 				}
@@ -674,6 +684,34 @@ func benchWaitPeers(t *testing.T, ctx context.Context, nodes []*testbed.Node, wa
 		}
 	}
 	return took
+}
+
+// peers reads the peers of a node's meshd0 (public key → endpoint): over
+// UAPI, or with lazy peers from meshd's /debug/meshd, which lists every
+// configured peer (the device holds the active ones only).
+func (c benchConfig) peers(ctx context.Context, n *testbed.Node) (map[string]string, error) {
+	if !c.lazy {
+		return uapiPeers(n)
+	}
+	code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:9477/debug/meshd")
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("/debug/meshd: HTTP %d", code)
+	}
+	var st nodestate.State
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		return nil, fmt.Errorf("/debug/meshd: %w", err)
+	}
+	if st.WireGuard.Error != "" {
+		return nil, fmt.Errorf("/debug/meshd: %s", st.WireGuard.Error)
+	}
+	out := make(map[string]string, len(st.WireGuard.Peers))
+	for _, p := range st.WireGuard.Peers {
+		out[p.PublicKey] = p.Endpoint
+	}
+	return out, nil
 }
 
 // uapiPeers reads the peers of a node's meshd0 (public key → endpoint) over

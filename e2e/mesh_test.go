@@ -264,3 +264,78 @@ func TestNAT(t *testing.T) {
 		t.Errorf("TCP a1 -> c1: %v", err)
 	}
 }
+
+// Full mesh with --wireguard-lazy-peers: each node's device holds no peer
+// until traffic, while meshd has them all configured
+// (meshd_wireguard_idle_peers 2); pod-to-pod ping and TCP between every
+// pair then work, the first packet of each pair putting the peer into both
+// devices (one by the packet, the other by the handshake initiation), and
+// wg lists both peers with a recent handshake.
+func TestFullMeshLazyPeers(t *testing.T) {
+	s := newScenario(t, true)
+	s.location("a", false)
+	nodes := []*testbed.Node{
+		s.node(testbed.NodeOptions{Name: "n1", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "n2", Location: "a"}),
+		s.node(testbed.NodeOptions{Name: "n3", Location: "a"}),
+	}
+	s.startMeshd(nodes, "--mesh-granularity", "full", "--wireguard-lazy-peers")
+	metric := func(n *testbed.Node, name string) (float64, error) {
+		text, err := n.Metrics(s.ctx)
+		if err != nil {
+			return 0, err
+		}
+		if !strings.Contains(text, "\n"+name+" ") {
+			return 0, fmt.Errorf("no %s in /metrics", name)
+		}
+		return metricSum(text, name), nil
+	}
+	for _, n := range nodes {
+		s.eventually(30*time.Second, 200*time.Millisecond, "every peer configured, none in the device, on "+n.Name, func() error {
+			idle, err := metric(n, "meshd_wireguard_idle_peers")
+			if err != nil {
+				return err
+			}
+			if idle != 2 {
+				return fmt.Errorf("meshd_wireguard_idle_peers %v, want 2", idle)
+			}
+			return nil
+		})
+		d, err := n.WG(s.ctx, "meshd0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Peers) != 0 {
+			t.Fatalf("%s: wg lists %d peers before any traffic, want none", n.Name, len(d.Peers))
+		}
+	}
+
+	pairs(nodes, func(a, b *testbed.Node) {
+		s.pingEventually(pod(a), pod(b).IP, 30*time.Second)
+		s.pingOK(pod(b), pod(a).IP, 3)
+		if err := pod(a).Transfer(s.ctx, pod(b), pod(b).IP, 1<<20); err != nil {
+			t.Errorf("TCP %s -> %s: %v", a.Name, b.Name, err)
+		}
+	})
+	for _, n := range nodes {
+		d, err := n.WG(s.ctx, "meshd0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Peers) != 2 {
+			t.Fatalf("%s: wg lists %d peers after traffic with both others, want 2", n.Name, len(d.Peers))
+		}
+		for _, p := range d.Peers {
+			if p.LatestHandshake.IsZero() || time.Since(p.LatestHandshake) > 3*time.Minute {
+				t.Errorf("%s: peer %s: latest handshake %v", n.Name, p.PublicKey, p.LatestHandshake)
+			}
+		}
+		idle, err := metric(n, "meshd_wireguard_idle_peers")
+		if err != nil || idle != 0 {
+			t.Errorf("%s: meshd_wireguard_idle_peers %v (%v), want 0", n.Name, idle, err)
+		}
+		if act, err := metric(n, "meshd_wireguard_peer_activations_total"); err != nil || act != 2 {
+			t.Errorf("%s: meshd_wireguard_peer_activations_total %v (%v), want 2", n.Name, act, err)
+		}
+	}
+}

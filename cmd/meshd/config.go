@@ -20,16 +20,18 @@ import (
 
 // config is every setting of the node daemon, filled from flags.
 type config struct {
-	Kubeconfig     string
-	Hostname       string
-	Interface      string
-	Port           int
-	Granularity    string
-	MeshCIDRs      []string
-	ServiceCIDRs   []string
-	TopologyLabel  string
-	StateDir       string
-	WireGuard      string
+	Kubeconfig    string
+	Hostname      string
+	Interface     string
+	Port          int
+	Granularity   string
+	MeshCIDRs     []string
+	ServiceCIDRs  []string
+	TopologyLabel string
+	StateDir      string
+	WireGuard     string
+	// LazyPeers keeps idle peers out of an in-process device (wg.Options).
+	LazyPeers      bool
 	MTU            string
 	ResyncPeriod   time.Duration
 	Listen         string
@@ -81,6 +83,7 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "Node label that gives a node's location (the meshd.io/location annotation wins)")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/meshd", "directory for the WireGuard private key and state (mode 0700)")
 	fs.StringVar(&c.WireGuard, "wireguard", string(wg.ModeAuto), "WireGuard implementation: auto (adopt an existing interface, else kernel, else built-in userspace), kernel or userspace")
+	fs.BoolVar(&c.LazyPeers, "wireguard-lazy-peers", false, "built-in userspace WireGuard only: keep a peer out of the device until a packet for it or its handshake arrives, and take it out after 5 minutes without traffic; saves about 45 KB per idle peer (a large full mesh, docs/scale.md). `wg show` then lists only the active peers, and the first packet to an idle peer waits for a handshake")
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface; auto = underlay MTU minus the WireGuard overhead (80)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "how often the full state is reconciled even without changes (repairs drift)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:9477", "address for /metrics, /healthz, /readyz and the debug state /debug/meshd read by meshctl diagnose and check (the manifests use the node's own address, status.hostIP; never every address of a host with a public one)")

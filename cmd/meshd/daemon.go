@@ -131,7 +131,7 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 // openExecutors opens the WireGuard interface, netlink and iptables.
 func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (executors, error) {
 	c, log := d.cfg, d.log
-	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log})
+	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log, LazyPeers: c.LazyPeers})
 	if err != nil {
 		return executors{}, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
@@ -154,7 +154,10 @@ func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (exe
 		exec.ipt6 = ipt6 // never a nil *Manager in the interface
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
 	}
-	d.reg.MustRegister(writes)
+	d.reg.MustRegister(writes, lazyPeerMetrics(dev.LazyStats))
+	if c.LazyPeers && dev.Kind() != wg.KindUserspaceInProcess {
+		log.Warn("--wireguard-lazy-peers applies to the built-in userspace device only; every peer stays in this one", "kind", dev.Kind())
+	}
 	d.device, d.routes = dev, routes
 	return exec, nil
 }

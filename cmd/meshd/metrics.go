@@ -143,6 +143,35 @@ func (e executorWrites) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// lazyPeerMetrics exposes the lazy-peer layer of an in-process device
+// (--wireguard-lazy-peers): nothing when the device has none.
+type lazyPeerMetrics func() (wg.LazyStats, bool)
+
+var (
+	descLazyIdle = prometheus.NewDesc("meshd_wireguard_idle_peers",
+		"Configured WireGuard peers kept out of the device until traffic (--wireguard-lazy-peers).", nil, nil)
+	descLazyActivations = prometheus.NewDesc("meshd_wireguard_peer_activations_total",
+		"Idle WireGuard peers put into the device by a packet to them or their handshake initiation (--wireguard-lazy-peers).", nil, nil)
+	descLazyTrims = prometheus.NewDesc("meshd_wireguard_peer_trims_total",
+		"WireGuard peers taken out of the device after 5 minutes without traffic (--wireguard-lazy-peers).", nil, nil)
+)
+
+func (l lazyPeerMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descLazyIdle
+	ch <- descLazyActivations
+	ch <- descLazyTrims
+}
+
+func (l lazyPeerMetrics) Collect(ch chan<- prometheus.Metric) {
+	st, ok := l()
+	if !ok {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descLazyIdle, prometheus.GaugeValue, float64(st.Idle))
+	ch <- prometheus.MustNewConstMetric(descLazyActivations, prometheus.CounterValue, float64(st.Activations))
+	ch <- prometheus.MustNewConstMetric(descLazyTrims, prometheus.CounterValue, float64(st.Trims))
+}
+
 func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }
 
 // linkState is what the metrics show of one linked cluster.

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"meshd.io/meshd/pkg/k8s/apis/meshd/v1alpha1"
+	"meshd.io/meshd/pkg/wg"
 )
 
 // TestMetricsFromPlan: after a reconcile the gauges tell the applied plan:
@@ -84,6 +85,8 @@ func TestMetricsDocumented(t *testing.T) {
 	// The request counter lives with client-go's metrics (one series is
 	// enough for it to be gathered).
 	newClientGoMetrics(reg).Increment(context.Background(), "200", "GET", "")
+	// The lazy-peer series exist with --wireguard-lazy-peers only.
+	reg.MustRegister(lazyPeerMetrics(func() (wg.LazyStats, bool) { return wg.LazyStats{Idle: 1, Activations: 2, Trims: 3}, true }))
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "metrics.md"))
 	if err != nil {
 		t.Fatal(err)

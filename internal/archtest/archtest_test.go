@@ -117,6 +117,17 @@ func hasPathPrefix(path, prefix string) bool {
 
 var executors = []string{"pkg/wg", "pkg/route", "pkg/iptables", "pkg/probe"}
 
+// isExecutorInternal reports whether imp is an internal package of an
+// executor (pkg/wg/internal/...), which only that executor can import.
+func isExecutorInternal(imp string) bool {
+	for _, e := range executors {
+		if strings.HasPrefix(imp, module+"/"+e+"/internal/") {
+			return true
+		}
+	}
+	return false
+}
+
 var rules = []rule{{
 	name: "pkg/mesh is a pure planner: it imports only the standard library and " + wgtypes,
 	dirs: []string{"pkg/mesh"},
@@ -132,6 +143,8 @@ var rules = []rule{{
 	transitive: true,
 	forbidden: func(imp string) (string, bool) {
 		switch {
+		case isExecutorInternal(imp):
+			return "", false // an executor's own parts: Go lets only its subtree import them
 		case hasPathPrefix(imp, module):
 			return "a meshd package", true
 		case strings.HasPrefix(imp, "k8s.io/") || strings.HasPrefix(imp, "sigs.k8s.io/"):
@@ -193,6 +206,8 @@ var rules = []rule{{
 	dirs: []string{"pkg/mcsdns"},
 	forbidden: func(imp string) (string, bool) {
 		switch {
+		case isExecutorInternal(imp):
+			return "", false // an executor's own parts: Go lets only its subtree import them
 		case hasPathPrefix(imp, module):
 			return "a meshd package", true
 		case imp == "github.com/coredns/coredns/core/dnsserver", imp == "github.com/coredns/coredns/plugin":
@@ -250,7 +265,7 @@ func TestImportRules(t *testing.T) {
 func TestRulesCatch(t *testing.T) {
 	cases := map[string]struct{ bad, good []string }{
 		rules[0].name: {bad: []string{"github.com/vishvananda/netlink", "k8s.io/api/core/v1", module + "/pkg/k8s"}, good: []string{"net/netip", wgtypes}},
-		rules[1].name: {bad: []string{module + "/pkg/mesh", "k8s.io/client-go/kubernetes", "sigs.k8s.io/yaml"}, good: []string{"github.com/vishvananda/netlink", "os/exec"}},
+		rules[1].name: {bad: []string{module + "/pkg/mesh", "k8s.io/client-go/kubernetes", "sigs.k8s.io/yaml", module + "/pkg/k8s/internal/x", module + "/internal/x"}, good: []string{"github.com/vishvananda/netlink", "os/exec", module + "/pkg/wg/internal/initiation"}},
 		rules[2].name: {bad: []string{module + "/pkg/wg", module + "/pkg/route", module + "/pkg/iptables"}, good: []string{module + "/pkg/k8s", module + "/pkg/routeX"}},
 		rules[3].name: {bad: []string{module + "/pkg/wg", module + "/pkg/probe", "github.com/vishvananda/netlink", "golang.zx2c4.com/wireguard/device"}, good: []string{wgtypes, module + "/pkg/mesh", module + "/pkg/k8s/convert", "k8s.io/client-go/kubernetes"}},
 		rules[4].name: {bad: []string{"github.com/vishvananda/netlink", "github.com/vishvananda/netlink/nl", "golang.zx2c4.com/wireguard/wgctrl", "golang.org/x/sys/unix", "github.com/coreos/go-iptables/iptables"}, good: []string{wgtypes, module + "/pkg/route"}},

@@ -52,8 +52,9 @@ const rawSlots = 2
 // next calls.
 type batchBind struct {
 	conn.Bind
-	batch  int // reported to the device
-	stride int // bytes between batchReceiver's arena slots
+	batch  int        // reported to the device
+	stride int        // bytes between batchReceiver's arena slots
+	lazy   *lazyPeers // nil: every peer is in the device
 }
 
 func (b *batchBind) BatchSize() int { return min(b.batch, b.Bind.BatchSize()) }
@@ -97,12 +98,21 @@ func (b *batchBind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	inner := b.Bind.BatchSize()
-	if inner <= b.batch {
-		return fns, p, nil
+	if inner := b.Bind.BatchSize(); inner > b.batch {
+		for i, fn := range fns {
+			fns[i] = newBatchReceiver(fn, inner, b.stride).receive
+		}
 	}
-	for i, fn := range fns {
-		fns[i] = newBatchReceiver(fn, inner, b.stride).receive
+	if l := b.lazy; l != nil {
+		for i, fn := range fns {
+			fns[i] = func(bufs [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+				n, err := fn(bufs, sizes, eps)
+				if n > 0 {
+					l.inbound(bufs[:n], sizes[:n])
+				}
+				return n, err
+			}
+		}
 	}
 	return fns, p, nil
 }

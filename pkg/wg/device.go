@@ -42,6 +42,8 @@ type Device struct {
 	handle      *netlink.Handle
 	inproc      *userspace
 	createdLink bool
+	lazyPeers   bool       // Options.LazyPeers
+	lazy        *lazyPeers // an in-process device's lazy-peer layer; nil if none
 
 	mu     sync.Mutex
 	last   map[wgtypes.Key]netip.AddrPort // endpoint last written per peer
@@ -206,7 +208,7 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
-	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}}
+	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}, lazyPeers: opts.LazyPeers}
 	defer func() {
 		if err != nil {
 			d.abandon()
@@ -263,6 +265,10 @@ func (d *Device) connect() error {
 		return fmt.Errorf("opening wgctrl: %w", err)
 	}
 	d.client, d.closeClient = wc, wc.Close
+	if d.lazy != nil {
+		d.lazy.start(wc)
+		d.client = d.lazy
+	}
 	wd, err := d.client.Device(d.name)
 	if err != nil {
 		return fmt.Errorf("reading WireGuard device %s (%s): %w", d.name, d.kind, err)
@@ -322,14 +328,17 @@ func (d *Device) create(ns netns.NsHandle, mode Mode) error {
 		}
 		d.log.Info("kernel WireGuard unavailable; using the userspace implementation in-process", "reason", err)
 	}
-	u, err := startUserspace(ns, d.name, d.mtu, true, d.log)
+	if d.lazyPeers {
+		d.lazy = newLazyPeers(d.name, d.log)
+	}
+	u, err := startUserspace(ns, d.name, d.mtu, true, d.lazy, d.log)
 	if err != nil {
 		return fmt.Errorf("creating userspace WireGuard interface %s: %w", d.name, err)
 	}
 	d.writes.Add(1)
 	d.inproc = u
 	d.kind = KindUserspaceInProcess
-	d.log.Info("started in-process userspace WireGuard device", "socket", socketPath(d.name))
+	d.log.Info("started in-process userspace WireGuard device", "socket", socketPath(d.name), "lazyPeers", d.lazy != nil)
 	return nil
 }
 
@@ -611,6 +620,9 @@ func (d *Device) awaitHandshakes(own wgtypes.Key, nudged []wgtypes.Key, recreate
 	}
 	now := d.clock()
 	for _, k := range nudged {
+		if d.lazy != nil && d.lazy.isIdle(k) {
+			continue // no handshake until traffic (see lazyPeers)
+		}
 		p := pendingHandshake{since: now, after: handshakeRetryAfterHigh, crossed: handshakeCrossedAfterHigh}
 		if compareKeys(own, k) < 0 {
 			p.after, p.crossed = handshakeRetryAfter, handshakeCrossedAfter
@@ -744,6 +756,29 @@ func (d *Device) applied(dl *delta, peers []wgtypes.PeerConfig) {
 	}
 }
 
+// trimIdle takes the peers idle for lazyIdleAfter out of an in-process
+// device with lazy peers (see lazyPeers); it does nothing otherwise.
+func (d *Device) trimIdle() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.lazy == nil {
+		return nil
+	}
+	if err := d.lazy.trimIdle(); err != nil {
+		return fmt.Errorf("taking idle peers out of %s: %w", d.name, err)
+	}
+	return nil
+}
+
+// LazyStats reports the lazy-peer layer's figures; false when the device
+// has none (not in-process, or Options.LazyPeers off).
+func (d *Device) LazyStats() (LazyStats, bool) {
+	if d.lazy == nil {
+		return LazyStats{}, false
+	}
+	return d.lazy.stats(), true
+}
+
 // Stats reads back every peer's state from the device.
 func (d *Device) Stats() ([]PeerStats, error) {
 	d.mu.Lock()
@@ -783,6 +818,9 @@ func (d *Device) Close() error {
 
 func (d *Device) release() error {
 	var errs []error
+	if d.lazy != nil {
+		d.lazy.close()
+	}
 	if d.inproc != nil {
 		d.inproc.close()
 	}

@@ -25,8 +25,21 @@
 // Set applies the desired Config (opening the interface again when it has
 // disappeared) and Run is the one worker that follows the interface between
 // Sets — it puts back a deleted, replaced or downed interface with the last
-// desired Config and asks for a reconcile, and re-creates the peers whose
-// first handshake is overdue. No timer outside Run writes to the device.
+// desired Config and asks for a reconcile, re-creates the peers whose
+// first handshake is overdue, and with lazy peers takes the idle ones out.
+// No timer outside Run writes to the device.
+//
+// Lazy peers (Options.LazyPeers, in-process devices only; lazy.go): the
+// device holds only the peers that carry traffic. The others are kept as
+// configured and put into the device, from the packet paths, by the first
+// packet read from the TUN device for their allowed IPs or by their first
+// handshake initiation (its sender identified and authenticated by
+// package initiation before wireguard-go reads it); Run takes a peer out
+// again after 5 minutes without traffic. Reads of the device through the
+// Device list every configured peer, so Set's delta is unchanged; wg(8)
+// lists the active ones. A peer with a persistent keepalive is never lazy,
+// and a lazy peer gets no first-handshake nudge (nor its retries): it
+// handshakes when traffic needs it.
 //
 // The in-process device keeps every socket it opens (UDP, route listener) in
 // the network namespace of the thread that called Open or RunDevice, even when

@@ -177,6 +177,13 @@ func (m *Manager) Run(ctx context.Context, changed func()) error {
 		}
 	}
 	schedule()
+	// The lazy-peer trim (see lazyPeers); a nil channel when off.
+	var trimC <-chan time.Time
+	if m.opts.LazyPeers {
+		trim := time.NewTicker(lazyTrimEvery)
+		defer trim.Stop()
+		trimC = trim.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -198,6 +205,8 @@ func (m *Manager) Run(ctx context.Context, changed func()) error {
 		case <-timerC:
 			m.retryHandshakes()
 			schedule()
+		case <-trimC:
+			m.trimIdle()
 		}
 	}
 }
@@ -232,6 +241,28 @@ func (m *Manager) retryHandshakes() {
 	if err := m.dev.retryHandshakes(); err != nil {
 		m.log.Warn("retrying WireGuard handshakes", "error", err)
 	}
+}
+
+func (m *Manager) trimIdle() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.dev == nil {
+		return
+	}
+	if err := m.dev.trimIdle(); err != nil {
+		m.log.Warn("trimming idle WireGuard peers", "error", err)
+	}
+}
+
+// LazyStats reports the current Device's lazy-peer figures (see
+// Device.LazyStats).
+func (m *Manager) LazyStats() (LazyStats, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.dev == nil {
+		return LazyStats{}, false
+	}
+	return m.dev.LazyStats()
 }
 
 // Stats reads back every peer's state from the device.

@@ -146,7 +146,7 @@ func TestThroughputHelper(t *testing.T) {
 	if err := json.Unmarshal(js, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	d, err := Open(context.Background(), Options{Name: name, Mode: ModeUserspace, MTU: 1420, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	d, err := Open(context.Background(), Options{Name: name, Mode: ModeUserspace, MTU: 1420, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), LazyPeers: os.Getenv("MESHD_WG_MEMORY_LAZY") == "1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,10 @@ type Options struct {
 	Mode   Mode   // "" means ModeAuto
 	MTU    int    // MTU for a created interface and default for Set; 0 means 1420 on creation and "leave as is" in Set
 	Logger *slog.Logger
+	// LazyPeers keeps the peers of an in-process device that carry no
+	// traffic out of it (see lazyPeers); it does nothing for a kernel or
+	// external userspace device.
+	LazyPeers bool
 }
 
 // Peer is one desired WireGuard peer.

@@ -83,6 +83,17 @@ type pumpedTUN struct {
 	events chan tun.Event
 	mtu    atomic.Int64
 	batch  int
+	lazy   *lazyPeers // nil: every peer is in the device
+}
+
+// Read reads a batch from the TUN device and, with lazy peers, puts the
+// peers it is for into the device before the device routes it.
+func (t *pumpedTUN) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	n, err := t.Device.Read(bufs, sizes, offset)
+	if t.lazy != nil && n > 0 {
+		t.lazy.outbound(bufs[:n], sizes[:n], offset)
+	}
+	return n, err
 }
 
 func (t *pumpedTUN) BatchSize() int { return t.batch }
@@ -138,8 +149,10 @@ func deviceLogger(log *slog.Logger) *device.Logger {
 // startUserspace creates the TUN device and runs wireguard-go on it with a
 // UAPI socket. It must be called on a thread in the target namespace ns
 // (the caller's, captured by the caller). When up is true the link is set
-// up and the device started before returning.
-func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.Logger) (_ *userspace, err error) {
+// up and the device started before returning. lazy, if not nil, sees
+// every packet read from the TUN device and received on the UDP socket
+// before the device does (see lazyPeers).
+func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, lazy *lazyPeers, log *slog.Logger) (_ *userspace, err error) {
 	if mtu <= 0 {
 		mtu = defaultMTU
 	}
@@ -156,6 +169,7 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 	if err != nil {
 		return nil, err
 	}
+	pt.lazy = lazy
 	uapiFile, err := ipc.UAPIOpen(name)
 	if err != nil {
 		pt.Close()
@@ -167,7 +181,7 @@ func startUserspace(ns netns.NsHandle, name string, mtu int, up bool, log *slog.
 		return nil, fmt.Errorf("opening UAPI socket %s%s: %w", socketPath(name), hint, err)
 	}
 	dlog := log.With("component", "wireguard-go", "interface", name)
-	bind := &batchBind{Bind: conn.NewDefaultBind(), batch: inProcessBatchSize, stride: receiveStride(mtu)}
+	bind := &batchBind{Bind: conn.NewDefaultBind(), batch: inProcessBatchSize, stride: receiveStride(mtu), lazy: lazy}
 	dev := device.NewDevice(pt, bind, deviceLogger(dlog))
 	goInNS(nsDup, log, func() { pt.pump(dev, dlog) })
 
@@ -322,7 +336,7 @@ func RunDevice(ctx context.Context, log *slog.Logger, name string, mtu int) erro
 	if lerr == nil {
 		return fmt.Errorf("running WireGuard device %s: an interface with that name already exists", name)
 	}
-	u, err := startUserspace(ns, name, mtu, true, log)
+	u, err := startUserspace(ns, name, mtu, true, nil, log)
 	if err != nil {
 		return fmt.Errorf("running WireGuard device %s: %w", name, err)
 	}

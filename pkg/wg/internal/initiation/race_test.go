@@ -1,0 +1,5 @@
+//go:build race
+
+package initiation
+
+const raceEnabled = true

@@ -1,0 +1,472 @@
+package wg
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// lazyPair is the same desired state applied through two Devices: one
+// over a plain FakeClient (every peer in the device, the reference) and one
+// over lazyPeers over another FakeClient (the device holds the active
+// peers only).
+type lazyPair struct {
+	eager, lazy      *Device
+	eagerFake, inner *FakeClient
+	l                *lazyPeers
+	now              time.Time
+	keys             []wgtypes.Key
+	own              wgtypes.Key
+}
+
+func newLazyPair(t *testing.T, keys int) *lazyPair {
+	t.Helper()
+	p := &lazyPair{eagerFake: NewFakeClient(), inner: NewFakeClient(), now: time.Unix(1_700_000_000, 0)}
+	p.eagerFake.AddDevice("wg0")
+	p.inner.AddDevice("wg0")
+	p.l = newLazyPeers("wg0", testLogger(t))
+	p.l.now = func() time.Time { return p.now }
+	p.l.start(p.inner)
+	t.Cleanup(p.l.close)
+	links := NewFakeLinks()
+	links.AddLink("wg0", 7, 1420)
+	p.eager = NewWithClient("wg0", p.eagerFake, links, 1420, nil)
+	p.lazy = NewWithClient("wg0", p.l, links, 1420, nil)
+	p.lazy.lazy = p.l
+	p.eager.now = func() time.Time { return p.now }
+	p.lazy.now = func() time.Time { return p.now }
+	for range keys {
+		p.keys = append(p.keys, privKey(t).PublicKey())
+	}
+	p.own = privKey(t)
+	return p
+}
+
+// randomConfig is a desired Config over a random subset of p.keys, each
+// with random allowed IPs (unique), keepalive, endpoint and preshared key.
+func (p *lazyPair) randomConfig(r *rand.Rand) Config {
+	cfg := Config{PrivateKey: p.own, ListenPort: 51820}
+	for i, k := range p.keys {
+		if r.IntN(4) == 0 {
+			continue
+		}
+		peer := Peer{PublicKey: k}
+		for j := range 1 + r.IntN(3) {
+			switch r.IntN(3) {
+			case 0:
+				peer.AllowedIPs = append(peer.AllowedIPs, netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", i, j)))
+			case 1:
+				peer.AllowedIPs = append(peer.AllowedIPs, netip.MustParsePrefix(fmt.Sprintf("10.200.%d.%d/32", i, j)))
+			default:
+				peer.AllowedIPs = append(peer.AllowedIPs, netip.MustParsePrefix(fmt.Sprintf("fd00:%x:%x::/64", i, j)))
+			}
+		}
+		if r.IntN(4) == 0 {
+			peer.PersistentKeepalive = 25 * time.Second
+		}
+		if r.IntN(3) > 0 {
+			peer.Endpoint = &net.UDPAddr{IP: net.IPv4(192, 0, 2, byte(1+r.IntN(3))), Port: 51820}
+		}
+		if r.IntN(3) == 0 {
+			psk := wgtypes.Key{byte(i + 1), byte(r.IntN(2))}
+			peer.PresharedKey = &psk
+		}
+		cfg.Peers = append(cfg.Peers, peer)
+	}
+	return cfg
+}
+
+// comparablePeer is what configuration says of a peer, normalised.
+type comparablePeer struct {
+	psk       wgtypes.Key
+	endpoint  string
+	keepalive time.Duration
+	allowed   string
+}
+
+func configured(t *testing.T, peers []wgtypes.Peer) map[wgtypes.Key]comparablePeer {
+	t.Helper()
+	out := map[wgtypes.Key]comparablePeer{}
+	for _, c := range peers {
+		if _, dup := out[c.PublicKey]; dup {
+			t.Fatalf("peer %s listed twice", c.PublicKey)
+		}
+		ps := normalizeIPNets(c.AllowedIPs)
+		sortPrefixes(ps)
+		ep := ""
+		if c.Endpoint != nil {
+			ep = c.Endpoint.String()
+		}
+		out[c.PublicKey] = comparablePeer{psk: c.PresharedKey, endpoint: ep, keepalive: c.PersistentKeepaliveInterval, allowed: fmt.Sprint(ps)}
+	}
+	return out
+}
+
+// check compares the lazy Device's view with the reference and the inner
+// device with the active peers.
+func (p *lazyPair) check(t *testing.T, step string) {
+	t.Helper()
+	ref, err := p.eagerFake.Device("wg0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	view, err := p.l.Device("wg0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := p.inner.Device("wg0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, got := configured(t, ref.Peers), configured(t, view.Peers)
+	if !mapsEqual(want, got) {
+		t.Fatalf("%s: lazy view differs from the reference:\nwant %v\ngot  %v", step, want, got)
+	}
+	if view.PrivateKey != ref.PrivateKey || view.ListenPort != ref.ListenPort {
+		t.Fatalf("%s: device fields differ", step)
+	}
+	in := configured(t, inner.Peers)
+	idle := 0
+	for k, c := range got {
+		lp := p.l.peers[k]
+		if lp == nil {
+			t.Fatalf("%s: peer %s not recorded", step, k)
+		}
+		ic, ok := in[k]
+		if ok != lp.active {
+			t.Fatalf("%s: peer %s in the device %v, active %v", step, k, ok, lp.active)
+		}
+		if !ok {
+			idle++
+			if c.keepalive > 0 {
+				t.Fatalf("%s: peer %s with a persistent keepalive kept out of the device", step, k)
+			}
+			continue
+		}
+		if ic != c {
+			t.Fatalf("%s: peer %s in the device as %v, configured %v", step, k, ic, c)
+		}
+	}
+	if len(in) != len(got)-idle {
+		t.Fatalf("%s: the device has %d peers, %d active", step, len(in), len(got)-idle)
+	}
+	if int(p.l.idle.Load()) != idle {
+		t.Fatalf("%s: idle count %d, want %d", step, p.l.idle.Load(), idle)
+	}
+}
+
+func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestLazyPeersMatchEager replays random desired configs, with random
+// activations, trims and roaming between them, through a Device over lazy
+// peers and through a plain one: the lazy Device reads back what the plain
+// one has, its device holds exactly the active peers as configured, and a
+// peer with a persistent keepalive is always in it.
+func TestLazyPeersMatchEager(t *testing.T) {
+	for seed := range uint64(40) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 7))
+			p := newLazyPair(t, 8)
+			for step := range 30 {
+				cfg := p.randomConfig(r)
+				mustSet(t, p.eager, cfg)
+				mustSet(t, p.lazy, cfg)
+				p.check(t, fmt.Sprintf("step %d set", step))
+				if w := p.lazy.Writes(); step > 0 && w > p.eager.Writes() {
+					t.Fatalf("step %d: lazy device written %d times, the eager one %d", step, w, p.eager.Writes())
+				}
+				// Traffic to some peers puts them in.
+				for _, k := range p.keys {
+					if r.IntN(3) == 0 {
+						p.l.activate(k)
+					}
+				}
+				p.check(t, fmt.Sprintf("step %d activated", step))
+				// Some active peers see traffic or roam; time passes;
+				// idle ones are trimmed.
+				inner, _ := p.inner.Device("wg0")
+				for _, c := range inner.Peers {
+					switch r.IntN(4) {
+					case 0:
+						p.inner.SetReceived("wg0", c.PublicKey, c.ReceiveBytes+100)
+					case 1:
+						ep := &net.UDPAddr{IP: net.IPv4(198, 51, 100, byte(1+r.IntN(9))), Port: 4000}
+						p.inner.SetEndpoint("wg0", c.PublicKey, ep)
+						p.eagerFake.SetEndpoint("wg0", c.PublicKey, ep)
+					}
+				}
+				if err := p.lazy.trimIdle(); err != nil {
+					t.Fatal(err)
+				}
+				p.now = p.now.Add(time.Duration(r.IntN(4)) * 2 * time.Minute)
+				if err := p.lazy.trimIdle(); err != nil {
+					t.Fatal(err)
+				}
+				p.check(t, fmt.Sprintf("step %d trimmed", step))
+			}
+		})
+	}
+}
+
+// TestLazyPeersTrim: an active peer leaves the device only after
+// lazyIdleAfter with no traffic, keeps the endpoint it roamed to, and a
+// peer with a persistent keepalive never leaves.
+func TestLazyPeersTrim(t *testing.T) {
+	p := newLazyPair(t, 2)
+	ep := &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 51820}
+	cfg := Config{PrivateKey: p.own, Peers: []Peer{
+		{PublicKey: p.keys[0], Endpoint: ep, AllowedIPs: pfx("10.0.1.0/24")},
+		{PublicKey: p.keys[1], Endpoint: ep, AllowedIPs: pfx("10.0.2.0/24"), PersistentKeepalive: 25 * time.Second},
+	}}
+	mustSet(t, p.lazy, cfg)
+	in := func() int {
+		d, _ := p.inner.Device("wg0")
+		return len(d.Peers)
+	}
+	if n := in(); n != 1 || !p.l.isIdle(p.keys[0]) {
+		t.Fatalf("after Set: %d peers in the device, want only the one with a keepalive", n)
+	}
+	p.l.activate(p.keys[0])
+	if n := in(); n != 2 {
+		t.Fatalf("after activation: %d peers in the device", n)
+	}
+	trim := func() {
+		t.Helper()
+		if err := p.lazy.trimIdle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trim()
+	roamed := &net.UDPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 3333}
+	p.inner.SetEndpoint("wg0", p.keys[0], roamed)
+	p.inner.SetReceived("wg0", p.keys[0], 500)
+	p.now = p.now.Add(4 * time.Minute)
+	trim() // traffic seen: the idle clock restarts
+	p.now = p.now.Add(4 * time.Minute)
+	trim()
+	if n := in(); n != 2 {
+		t.Fatalf("trimmed 4 min after traffic: %d peers left", n)
+	}
+	p.now = p.now.Add(2 * time.Minute)
+	trim()
+	if n := in(); n != 1 || !p.l.isIdle(p.keys[0]) {
+		t.Fatalf("not trimmed 6 min after traffic: %d peers", n)
+	}
+	if st := p.l.stats(); st.Trims != 1 || st.Activations != 1 || st.Idle != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	view, _ := p.l.Device("wg0")
+	for _, c := range view.Peers {
+		if c.PublicKey == p.keys[0] && c.Endpoint.String() != roamed.String() {
+			t.Fatalf("trimmed peer's endpoint %v, want the roamed %v", c.Endpoint, roamed)
+		}
+	}
+	// Set again: nothing to write (the view is the desired state, and the
+	// desired endpoint is the one last written, left to roaming).
+	w := p.lazy.Writes()
+	mustSet(t, p.lazy, cfg)
+	if p.lazy.Writes() != w {
+		t.Fatal("a repeated Set wrote to the device")
+	}
+	p.l.activate(p.keys[0])
+	d, _ := p.inner.Device("wg0")
+	for _, c := range d.Peers {
+		if c.PublicKey == p.keys[0] && c.Endpoint.String() != roamed.String() {
+			t.Fatalf("re-activated at %v, want %v", c.Endpoint, roamed)
+		}
+	}
+}
+
+func ipv4Packet(dst string) []byte {
+	pkt := make([]byte, 20)
+	pkt[0] = 0x45
+	a := netip.MustParseAddr(dst).As4()
+	copy(pkt[16:], a[:])
+	return pkt
+}
+
+func ipv6Packet(dst string) []byte {
+	pkt := make([]byte, 40)
+	pkt[0] = 0x60
+	a := netip.MustParseAddr(dst).As16()
+	copy(pkt[24:], a[:])
+	return pkt
+}
+
+// TestLazyPeersOutbound: a packet read from the TUN device puts the peer
+// whose allowed IPs route it (longest prefix) into the device, and nothing
+// else; a short or foreign packet puts nothing in.
+func TestLazyPeersOutbound(t *testing.T) {
+	p := newLazyPair(t, 3)
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{
+		{PublicKey: p.keys[0], AllowedIPs: pfx("10.0.0.0/16")},
+		{PublicKey: p.keys[1], AllowedIPs: pfx("10.0.1.0/24")},
+		{PublicKey: p.keys[2], AllowedIPs: pfx("fd00:1::/64")},
+	}})
+	const offset = 16
+	send := func(pkts ...[]byte) {
+		bufs := make([][]byte, len(pkts))
+		sizes := make([]int, len(pkts))
+		for i, pkt := range pkts {
+			bufs[i] = append(make([]byte, offset), pkt...)
+			sizes[i] = len(pkt)
+		}
+		p.l.outbound(bufs, sizes, offset)
+	}
+	active := func() []wgtypes.Key {
+		d, _ := p.inner.Device("wg0")
+		var ks []wgtypes.Key
+		for _, c := range d.Peers {
+			ks = append(ks, c.PublicKey)
+		}
+		slices.SortFunc(ks, compareKeys)
+		return ks
+	}
+	want := func(ks ...wgtypes.Key) {
+		t.Helper()
+		slices.SortFunc(ks, compareKeys)
+		if got := active(); !slices.Equal(got, ks) {
+			t.Fatalf("in the device: %v, want %v", got, ks)
+		}
+	}
+	send(ipv4Packet("10.9.0.1"), ipv6Packet("fd00:2::1"), []byte{0x45, 0, 0}, []byte{0x60})
+	want()
+	send(ipv4Packet("10.0.1.7"))
+	want(p.keys[1])
+	send(ipv4Packet("10.0.1.8"), ipv4Packet("10.0.2.1"))
+	want(p.keys[0], p.keys[1])
+	send(ipv6Packet("fd00:1::99"))
+	want(p.keys...)
+	if p.l.idle.Load() != 0 {
+		t.Fatalf("idle %d", p.l.idle.Load())
+	}
+}
+
+// TestRootLazyPeers: two in-process devices with lazy peers in fresh
+// namespaces. Neither holds the other until traffic: a ping from a puts b
+// into a's device (the packet read from the TUN device) and a into b's (a's
+// handshake initiation, identified before b's device reads it), and goes
+// through. Once idle past the trim delay both take the other out again, and
+// a ping the other way brings both back.
+func TestRootLazyPeers(t *testing.T) {
+	requireRoot(t)
+	log := testLogger(t)
+	a, b := &node{ns: newNSHandle(t), name: uniqueName(t)}, &node{ns: newNSHandle(t), name: uniqueName(t)}
+	veth(t, a.ns, b.ns, "198.51.100.1/24", "198.51.100.2/24")
+	a.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.1/24")}
+	b.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.2/24")}
+	a.cfg.Peers = []Peer{{PublicKey: b.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
+	b.cfg.Peers = []Peer{{PublicKey: a.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
+	for i := range 20 { // idle peers a packet must not wake
+		k := privKey(t).PublicKey()
+		a.cfg.Peers = append(a.cfg.Peers, Peer{PublicKey: k, Endpoint: udp(fmt.Sprintf("198.51.100.%d:51820", 100+i)), AllowedIPs: pfx(fmt.Sprintf("10.77.1.%d/32", i))})
+	}
+	for _, n := range []*node{a, b} {
+		n.dev = mustOpenIn(t, n.ns, Options{Name: n.name, Mode: ModeUserspace, MTU: 1420, Logger: log, LazyPeers: true})
+		t.Cleanup(func() { n.dev.Delete() })
+		mustSet(t, n.dev, n.cfg)
+	}
+	inDevice := func(n *node) int { return len(wgDevice(t, n.name).Peers) }
+	if inDevice(a) != 0 || inDevice(b) != 0 {
+		t.Fatalf("peers in the devices before any traffic: a %d, b %d", inDevice(a), inDevice(b))
+	}
+	if st, err := a.dev.Stats(); err != nil || len(st) != 21 {
+		t.Fatalf("Stats lists %d peers (%v), want every configured one", len(st), err)
+	}
+	ping := func(from *node, to string) {
+		t.Helper()
+		if out, err := execIn(t, from.ns, "ping", "-c", "3", "-i", "0.2", "-W", "2", to); err != nil {
+			t.Fatalf("ping %s through the tunnel: %v\n%s", to, err, out)
+		}
+	}
+	ping(a, "10.77.0.2")
+	if inDevice(a) != 1 || inDevice(b) != 1 {
+		t.Fatalf("after a ping: %d peers in a's device, %d in b's; want 1 each", inDevice(a), inDevice(b))
+	}
+	sa, _ := a.dev.LazyStats()
+	sb, _ := b.dev.LazyStats()
+	if sa.Activations != 1 || sb.Activations != 1 || sa.Idle != 20 || sb.Idle != 0 {
+		t.Fatalf("lazy stats: a %+v, b %+v", sa, sb)
+	}
+	tcpEcho(t, a.ns, b.ns, "10.77.0.2:7777")
+
+	// Idle: trimmed on both sides once the delay passes with no traffic.
+	for _, n := range []*node{a, b} {
+		n.dev.mu.Lock()
+		n.dev.lazy.idleAfter = time.Second
+		n.dev.mu.Unlock()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for inDevice(a)+inDevice(b) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not trimmed: %d peers in a's device, %d in b's", inDevice(a), inDevice(b))
+		}
+		for _, n := range []*node{a, b} {
+			if err := n.dev.trimIdle(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	ping(b, "10.77.0.1")
+	tcpEcho(t, b.ns, a.ns, "10.77.0.1:7778")
+	sa, _ = a.dev.LazyStats()
+	sb, _ = b.dev.LazyStats()
+	if sa.Activations != 2 || sb.Activations != 2 || sa.Trims != 1 || sb.Trims != 1 {
+		t.Fatalf("lazy stats after the trim and a ping back: a %+v, b %+v", sa, sb)
+	}
+}
+
+// TestLazyPeersRecreated: a peer in the device that a handshake retry
+// re-creates (Remove and add in one call) stays in the device, with the
+// whole sequence forwarded; an idle one re-created stays out.
+func TestLazyPeersRecreated(t *testing.T) {
+	p := newLazyPair(t, 2)
+	ep := &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 51820}
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{
+		{PublicKey: p.keys[0], Endpoint: ep, AllowedIPs: pfx("10.0.1.0/24")},
+		{PublicKey: p.keys[1], Endpoint: ep, AllowedIPs: pfx("10.0.2.0/24")},
+	}})
+	p.l.activate(p.keys[0])
+	ka := 25 * time.Second
+	zero := time.Duration(0)
+	var peers []wgtypes.PeerConfig
+	for _, k := range p.keys {
+		peers = append(peers,
+			wgtypes.PeerConfig{PublicKey: k, Remove: true},
+			wgtypes.PeerConfig{PublicKey: k, Endpoint: ep, PersistentKeepaliveInterval: &ka, ReplaceAllowedIPs: true, AllowedIPs: toIPNets(pfx("10.0.9.0/24"))},
+			wgtypes.PeerConfig{PublicKey: k, UpdateOnly: true, PersistentKeepaliveInterval: &zero},
+		)
+		peers[len(peers)-2].AllowedIPs[0].IP[2] = byte(len(peers))
+	}
+	p.inner.Reset()
+	if err := p.l.ConfigureDevice("wg0", wgtypes.Config{Peers: peers}); err != nil {
+		t.Fatal(err)
+	}
+	if p.l.isIdle(p.keys[0]) || !p.l.isIdle(p.keys[1]) {
+		t.Fatalf("after re-creation: idle %v, %v; want false, true", p.l.isIdle(p.keys[0]), p.l.isIdle(p.keys[1]))
+	}
+	got := p.inner.Configs
+	if len(got) != 1 || len(got[0].Peers) != 3 || got[0].Peers[0].PublicKey != p.keys[0] || !got[0].Peers[0].Remove {
+		t.Fatalf("forwarded %+v, want the active peer's remove, create and update", got)
+	}
+	if p.l.idle.Load() != 1 {
+		t.Fatalf("idle count %d", p.l.idle.Load())
+	}
+}
