@@ -154,12 +154,15 @@ var (
 		"Idle WireGuard peers put into the device by a packet to them or their handshake initiation (--wireguard-lazy-peers).", nil, nil)
 	descLazyTrims = prometheus.NewDesc("meshd_wireguard_peer_trims_total",
 		"WireGuard peers taken out of the device after 5 minutes without traffic (--wireguard-lazy-peers).", nil, nil)
+	descLazyReplays = prometheus.NewDesc("meshd_wireguard_initiation_replays_total",
+		"Handshake initiations refused as no later than their sender's last (replayed or duplicated; --wireguard-lazy-peers).", nil, nil)
 )
 
 func (l lazyPeerMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLazyIdle
 	ch <- descLazyActivations
 	ch <- descLazyTrims
+	ch <- descLazyReplays
 }
 
 func (l lazyPeerMetrics) Collect(ch chan<- prometheus.Metric) {
@@ -170,6 +173,7 @@ func (l lazyPeerMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLazyIdle, prometheus.GaugeValue, float64(st.Idle))
 	ch <- prometheus.MustNewConstMetric(descLazyActivations, prometheus.CounterValue, float64(st.Activations))
 	ch <- prometheus.MustNewConstMetric(descLazyTrims, prometheus.CounterValue, float64(st.Trims))
+	ch <- prometheus.MustNewConstMetric(descLazyReplays, prometheus.CounterValue, float64(st.Replays))
 }
 
 func (m *metrics) fail(phase string) { m.errors.WithLabelValues(phase).Inc() }

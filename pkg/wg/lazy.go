@@ -26,16 +26,23 @@ import (
 //
 //   - a packet read from the TUN device for one of their allowed IPs (the
 //     device then stages it and starts a handshake, as for any new peer);
-//   - a handshake initiation from them, identified by decrypting its static
-//     key with the device's private key (package initiation) before the
-//     device reads it, so that the device answers it.
+//   - a handshake initiation from them, identified and authenticated with
+//     the device's private key (package initiation) before the device
+//     reads it, so that the device answers it. wireguard-go refuses an
+//     initiation whose timestamp is not after the last one it took from
+//     the peer, but forgets that timestamp when the peer leaves the device:
+//     so inbound keeps the last timestamp of every configured peer's
+//     initiations itself and puts a peer in only for a later one (a
+//     replayed initiation would otherwise move an idle peer's endpoint to
+//     whoever replays it).
 //
-// A peer out of the device for lazyIdleAfter (5 min) with no byte received
-// or sent and no handshake is taken out again by trimIdle, which Manager.Run
-// calls every lazyTrimEvery: by then its session keys have expired (after
-// 180 s) and the next packet either way starts a fresh handshake. A peer
-// with a persistent keepalive is never lazy: the keepalive is there to
-// hold a NAT mapping open.
+// A peer in the device that had no byte received or sent and no handshake
+// for lazyIdleAfter (5 min) is taken out again by trimIdle, which
+// Manager.Run calls every lazyTrimEvery: by then its session keys have
+// expired (after 180 s) and the next packet either way starts a fresh
+// handshake. A peer with a persistent keepalive is never lazy: the
+// keepalive is there to hold a NAT mapping open (one missing from the
+// device is reported missing, so the next Set puts it back).
 //
 // The rest of the package does not see the difference: lazyPeers is the
 // Device's Client, whose Device read lists every configured peer (the ones
@@ -43,16 +50,22 @@ import (
 // bytes) and whose ConfigureDevice records every peer and forwards only what
 // concerns the ones in the device. wg(8) on the UAPI socket sees the device
 // itself: only the active peers.
+//
+// The packet paths take no lock: they read an immutable lazyView, which
+// every change publishes whole, and wait for an activation at most
+// lazyActivateWait per batch. Everything else holds mu, also across its
+// calls to the device, so that what it reads and writes is never stale.
 const (
 	lazyIdleAfter = 5 * time.Minute
 	lazyTrimEvery = 30 * time.Second
-	// lazyActivateWait bounds how long a packet's reader (the TUN reader
-	// or a UDP receiver) waits for its peer to be put into the device.
-	// Past it the packet goes on without (dropped by the device, as any
-	// packet to or from an unknown peer; the sender retries): the bound
-	// keeps a device reconfiguration that waits for the readers (a listen
-	// port change closes the socket and waits for its receivers) from
-	// waiting on an activation that waits on it.
+	// lazyActivateWait bounds how long a packet reader (the TUN reader or
+	// a UDP receiver) waits, per batch, for peers to be put into the
+	// device. Past it the batch goes on without (a packet for a peer still
+	// out is dropped by the device, as any packet to or from an unknown
+	// peer; the sender retries): the bound keeps a device reconfiguration
+	// that waits for the readers (a listen port change closes the socket
+	// and waits for its receivers) from waiting on an activation that
+	// waits on it.
 	lazyActivateWait = 250 * time.Millisecond
 	// lazyChecksPerSecond bounds the handshake initiations whose sender
 	// inbound identifies (two X25519 operations each, about 0.1 ms), with
@@ -89,20 +102,32 @@ type lazyPeers struct {
 
 	inner  Client // the device itself (wgctrl over its UAPI socket)
 	reader atomic.Pointer[initiation.Reader]
-	idle   atomic.Int64 // peers out of the device
+	view   atomic.Pointer[lazyView] // what the packet paths read
 
-	mu    sync.RWMutex
+	mu    sync.Mutex
 	peers map[wgtypes.Key]*lazyPeer
-	owner map[netip.Prefix]wgtypes.Key // allowed IP → peer, all peers
-	lens  [2][]int                     // prefix lengths in owner, longest first: IPv4, IPv6
 	priv  wgtypes.Key
 
-	activations, trims atomic.Uint64
-	checks             *rate.Limiter // of inbound's sender checks
+	// The last initiation timestamp seen from each configured peer (see
+	// inbound); tsMu is only ever held for a map access.
+	tsMu   sync.Mutex
+	lastTS map[wgtypes.Key]initiation.Timestamp
+
+	activations, trims, replays atomic.Uint64
+	checks                      *rate.Limiter // of inbound's sender checks
 
 	reqs     chan lazyRequest
 	stop     chan struct{}
 	stopOnce sync.Once
+}
+
+// lazyView is the packet paths' copy of the peers: immutable once
+// published.
+type lazyView struct {
+	owner map[netip.Prefix]wgtypes.Key // allowed IP → peer, all peers
+	lens  [2][]int                     // prefix lengths in owner, longest first: IPv4, IPv6
+	idle  map[wgtypes.Key]bool         // every configured peer: whether it is out of the device
+	nIdle int
 }
 
 type lazyRequest struct {
@@ -113,11 +138,12 @@ type lazyRequest struct {
 func newLazyPeers(name string, log *slog.Logger) *lazyPeers {
 	l := &lazyPeers{
 		name: name, log: log, idleAfter: lazyIdleAfter, now: time.Now,
-		peers: map[wgtypes.Key]*lazyPeer{}, owner: map[netip.Prefix]wgtypes.Key{},
+		peers: map[wgtypes.Key]*lazyPeer{}, lastTS: map[wgtypes.Key]initiation.Timestamp{},
 		reqs: make(chan lazyRequest), stop: make(chan struct{}),
 		checks: rate.NewLimiter(lazyChecksPerSecond, lazyChecksBurst),
 	}
 	l.reader.Store(initiation.NewReader(wgtypes.Key{}))
+	l.publish(true)
 	return l
 }
 
@@ -140,20 +166,25 @@ func (l *lazyPeers) start(c Client) {
 func (l *lazyPeers) close() { l.stopOnce.Do(func() { close(l.stop) }) }
 
 // Device reads the device and adds the peers kept out of it.
+// A peer with a persistent keepalive that is not in the device (removed by
+// hand, or its forwarding failed) is left out, as a plain device would
+// show it: the next Set then puts it back.
 func (l *lazyPeers) Device(name string) (*wgtypes.Device, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	cur, err := l.inner.Device(name)
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if cur.PrivateKey != l.priv {
 		l.setKey(cur.PrivateKey)
 	}
-	l.syncPresent(cur.Peers)
+	if l.syncPresent(cur.Peers) {
+		l.publish(false)
+	}
 	for _, k := range slices.SortedFunc(func(yield func(wgtypes.Key) bool) {
 		for k, p := range l.peers {
-			if !p.active && !yield(k) {
+			if !p.active && p.keepalive <= 0 && !yield(k) {
 				return
 			}
 		}
@@ -164,31 +195,64 @@ func (l *lazyPeers) Device(name string) (*wgtypes.Device, error) {
 }
 
 // syncPresent marks active exactly the configured peers the device has
-// (it loses them all when it is replaced; wg(8) can add or remove one).
-func (l *lazyPeers) syncPresent(in []wgtypes.Peer) {
+// (it loses them all when it is replaced; wg(8) can add or remove one),
+// and reports whether that changed anything.
+func (l *lazyPeers) syncPresent(in []wgtypes.Peer) bool {
 	present := make(map[wgtypes.Key]bool, len(in))
 	for i := range in {
 		present[in[i].PublicKey] = true
 	}
 	now := l.now()
+	changed := false
 	for k, p := range l.peers {
 		if present[k] != p.active {
 			l.setActive(p, present[k], now)
+			changed = true
 		}
 	}
+	return changed
 }
 
 func (l *lazyPeers) setActive(p *lazyPeer, on bool, now time.Time) {
-	if p.active == on {
-		return
-	}
 	p.active = on
 	if on {
-		l.idle.Add(-1)
 		p.rx, p.tx, p.hs, p.seen = 0, 0, time.Time{}, now
-	} else {
-		l.idle.Add(1)
 	}
+}
+
+// publish makes the packet paths see the peers as they are now; with
+// routes false, the allowed IPs are those of the last publish.
+func (l *lazyPeers) publish(routes bool) {
+	v := &lazyView{idle: make(map[wgtypes.Key]bool, len(l.peers))}
+	for k, p := range l.peers {
+		v.idle[k] = !p.active
+		if !p.active {
+			v.nIdle++
+		}
+	}
+	if old := l.view.Load(); old != nil && !routes {
+		v.owner, v.lens = old.owner, old.lens
+		l.view.Store(v)
+		return
+	}
+	v.owner = map[netip.Prefix]wgtypes.Key{}
+	for k, p := range l.peers {
+		for _, n := range p.allowed {
+			pfx, ok := ipNetToPrefix(n)
+			if !ok {
+				continue
+			}
+			v.owner[pfx.Masked()] = k
+			f := family(pfx.Addr())
+			if !slices.Contains(v.lens[f], pfx.Bits()) {
+				v.lens[f] = append(v.lens[f], pfx.Bits())
+			}
+		}
+	}
+	for f := range v.lens {
+		slices.SortFunc(v.lens[f], func(a, b int) int { return b - a })
+	}
+	l.view.Store(v)
 }
 
 func (l *lazyPeers) setKey(k wgtypes.Key) {
@@ -205,7 +269,7 @@ func (l *lazyPeers) ConfigureDevice(name string, cfg wgtypes.Config) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out, joined := l.record(cfg)
-	l.index()
+	defer l.publish(true)
 	var err error
 	if out.PrivateKey != nil || out.ListenPort != nil || out.FirewallMark != nil || out.ReplacePeers || len(out.Peers) > 0 {
 		err = l.inner.ConfigureDevice(name, out)
@@ -228,12 +292,7 @@ func (l *lazyPeers) ConfigureDevice(name string, cfg wgtypes.Config) error {
 func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 	out := wgtypes.Config{PrivateKey: cfg.PrivateKey, ListenPort: cfg.ListenPort, FirewallMark: cfg.FirewallMark, ReplacePeers: cfg.ReplacePeers}
 	if cfg.ReplacePeers {
-		for k, p := range l.peers {
-			if !p.active {
-				l.idle.Add(-1)
-			}
-			delete(l.peers, k)
-		}
+		clear(l.peers)
 	}
 	var idleTouched []wgtypes.Key
 	var removedActive map[wgtypes.Key]bool
@@ -249,8 +308,6 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 					}
 					removedActive[pc.PublicKey] = true
 				}
-			} else {
-				l.idle.Add(-1)
 			}
 			delete(l.peers, pc.PublicKey)
 			continue
@@ -263,7 +320,6 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 		case p == nil:
 			p = &lazyPeer{}
 			l.peers[pc.PublicKey] = p
-			l.idle.Add(1)
 		}
 		p.apply(pc)
 		if p.active {
@@ -333,28 +389,6 @@ func (p *lazyPeer) view(k wgtypes.Key) wgtypes.Peer {
 	return v
 }
 
-// index rebuilds the allowed-IP lookup of every peer.
-func (l *lazyPeers) index() {
-	clear(l.owner)
-	l.lens = [2][]int{}
-	for k, p := range l.peers {
-		for _, n := range p.allowed {
-			pfx, ok := ipNetToPrefix(n)
-			if !ok {
-				continue
-			}
-			l.owner[pfx.Masked()] = k
-			f := family(pfx.Addr())
-			if !slices.Contains(l.lens[f], pfx.Bits()) {
-				l.lens[f] = append(l.lens[f], pfx.Bits())
-			}
-		}
-	}
-	for f := range l.lens {
-		slices.SortFunc(l.lens[f], func(a, b int) int { return b - a })
-	}
-}
-
 func family(a netip.Addr) int {
 	if a.Is4() {
 		return 0
@@ -364,36 +398,31 @@ func family(a netip.Addr) int {
 
 // idleOwner returns the peer out of the device whose allowed IPs route dst
 // (longest prefix first), if any.
-func (l *lazyPeers) idleOwner(dst netip.Addr) (wgtypes.Key, bool) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
+func (v *lazyView) idleOwner(dst netip.Addr) (wgtypes.Key, bool) {
 	f := family(dst)
-	for _, bits := range l.lens[f] {
+	for _, bits := range v.lens[f] {
 		pfx, err := dst.Prefix(bits)
 		if err != nil {
 			continue
 		}
-		if k, ok := l.owner[pfx]; ok {
-			p := l.peers[k]
-			return k, p != nil && !p.active
+		if k, ok := v.owner[pfx]; ok {
+			return k, v.idle[k]
 		}
 	}
 	return wgtypes.Key{}, false
 }
 
-func (l *lazyPeers) isIdle(k wgtypes.Key) bool {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	p := l.peers[k]
-	return p != nil && !p.active
-}
+// isIdle reports whether k is a configured peer out of the device.
+func (l *lazyPeers) isIdle(k wgtypes.Key) bool { return l.view.Load().idle[k] }
 
 // outbound is called with each batch read from the TUN device, before the
 // device routes it: it puts in the peers out of the device the packets are
 // for.
 func (l *lazyPeers) outbound(bufs [][]byte, sizes []int, offset int) {
+	var deadline time.Time
 	for i := range sizes {
-		if l.idle.Load() == 0 {
+		v := l.view.Load()
+		if v.nIdle == 0 {
 			return
 		}
 		if sizes[i] < 1 || offset+sizes[i] > len(bufs[i]) {
@@ -403,8 +432,8 @@ func (l *lazyPeers) outbound(bufs [][]byte, sizes []int, offset int) {
 		if !ok {
 			continue
 		}
-		if k, ok := l.idleOwner(dst); ok {
-			l.request(k)
+		if k, ok := v.idleOwner(dst); ok && !l.request(k, &deadline) {
+			return // waited long enough for this batch
 		}
 	}
 }
@@ -429,11 +458,14 @@ func packetDst(pkt []byte) (netip.Addr, bool) {
 // inbound is called with each batch of datagrams received on the UDP
 // socket, before the device reads them: it puts in the peers out of the
 // device whose handshake initiations are among them.
+//
+// It reads every initiation, also from peers in the device, to keep the
+// last timestamp of each: a peer taken out of the device and put back by
+// a replay of an initiation it had sent while in would otherwise be
+// accepted by the device, which forgot it.
 func (l *lazyPeers) inbound(bufs [][]byte, sizes []int) {
+	var deadline time.Time
 	for i := range sizes {
-		if l.idle.Load() == 0 {
-			return
-		}
 		if sizes[i] > len(bufs[i]) || !initiation.IsInitiation(bufs[i][:sizes[i]]) {
 			continue
 		}
@@ -441,32 +473,59 @@ func (l *lazyPeers) inbound(bufs [][]byte, sizes []int) {
 		if !r.ValidMAC1(bufs[i][:sizes[i]]) || !l.checks.Allow() {
 			continue
 		}
-		k, ok := r.Sender(bufs[i][:sizes[i]])
-		if ok && l.isIdle(k) {
-			l.request(k)
+		k, ts, ok := r.SenderAt(bufs[i][:sizes[i]])
+		if !ok {
+			continue
+		}
+		idle, known := l.view.Load().idle[k]
+		if !known || !l.newer(k, ts) {
+			continue
+		}
+		if idle && !l.request(k, &deadline) {
+			return // waited long enough for this batch
 		}
 	}
 }
 
-// request asks the worker to put peer k into the device and waits for it,
-// at most lazyActivateWait.
-func (l *lazyPeers) request(k wgtypes.Key) {
-	t := time.NewTimer(lazyActivateWait)
+// newer records ts as the last initiation timestamp of peer k if it is
+// after the last one, and reports whether it was.
+func (l *lazyPeers) newer(k wgtypes.Key, ts initiation.Timestamp) bool {
+	l.tsMu.Lock()
+	defer l.tsMu.Unlock()
+	if last, ok := l.lastTS[k]; ok && !ts.After(last) {
+		l.replays.Add(1)
+		return false
+	}
+	l.lastTS[k] = ts
+	return true
+}
+
+// request asks the worker to put peer k into the device and waits for it
+// until *deadline, which the first request of a batch sets to
+// lazyActivateWait from now. It reports false when it gave up waiting.
+func (l *lazyPeers) request(k wgtypes.Key, deadline *time.Time) bool {
+	if deadline.IsZero() {
+		*deadline = time.Now().Add(lazyActivateWait)
+	}
+	t := time.NewTimer(time.Until(*deadline))
 	defer t.Stop()
 	r := lazyRequest{key: k, done: make(chan struct{})}
 	select {
 	case l.reqs <- r:
 	case <-t.C:
 		l.log.Debug("putting an idle WireGuard peer into the device: busy", "peer", k.String())
-		return
+		return false
 	case <-l.stop:
-		return
+		return false
 	}
 	select {
 	case <-r.done:
+		return true
 	case <-t.C:
 		l.log.Debug("putting an idle WireGuard peer into the device: still waiting", "peer", k.String())
+		return false
 	case <-l.stop:
+		return false
 	}
 }
 
@@ -483,6 +542,7 @@ func (l *lazyPeers) activate(k wgtypes.Key) {
 		return
 	}
 	l.setActive(p, true, l.now())
+	l.publish(false)
 	l.activations.Add(1)
 	l.log.Debug("WireGuard peer put into the device on traffic", "peer", k.String())
 }
@@ -491,13 +551,16 @@ func (l *lazyPeers) activate(k wgtypes.Key) {
 // made no handshake for idleAfter, keeping the endpoint the device learned
 // for them.
 func (l *lazyPeers) trimIdle() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pruneTimestamps()
 	cur, err := l.inner.Device(l.name)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.syncPresent(cur.Peers)
+	if l.syncPresent(cur.Peers) {
+		l.publish(false)
+	}
 	now := l.now()
 	var out []wgtypes.PeerConfig
 	var gone []*lazyPeer
@@ -532,9 +595,22 @@ func (l *lazyPeers) trimIdle() error {
 		}
 		l.setActive(p, false, now)
 	}
+	l.publish(false)
 	l.trims.Add(uint64(len(gone)))
 	l.log.Debug("idle WireGuard peers taken out of the device", "peers", len(gone))
 	return nil
+}
+
+// pruneTimestamps forgets the initiation timestamps of peers no longer
+// configured.
+func (l *lazyPeers) pruneTimestamps() {
+	l.tsMu.Lock()
+	defer l.tsMu.Unlock()
+	for k := range l.lastTS {
+		if l.peers[k] == nil {
+			delete(l.lastTS, k)
+		}
+	}
 }
 
 // LazyStats is what the lazy-peer layer of a device reports.
@@ -542,8 +618,9 @@ type LazyStats struct {
 	Idle        int    // peers kept out of the device now
 	Activations uint64 // peers put into the device on traffic, so far
 	Trims       uint64 // peers taken out after lazyIdleAfter without traffic, so far
+	Replays     uint64 // initiations refused as no later than the peer's last, so far
 }
 
 func (l *lazyPeers) stats() LazyStats {
-	return LazyStats{Idle: int(l.idle.Load()), Activations: l.activations.Load(), Trims: l.trims.Load()}
+	return LazyStats{Idle: l.view.Load().nIdle, Activations: l.activations.Load(), Trims: l.trims.Load(), Replays: l.replays.Load()}
 }

@@ -2,14 +2,18 @@ package wg
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"meshd.io/meshd/pkg/wg/internal/initiation/initiationtest"
 )
 
 // lazyPair is the same desired state applied through two Devices: one
@@ -156,8 +160,8 @@ func (p *lazyPair) check(t *testing.T, step string) {
 	if len(in) != len(got)-idle {
 		t.Fatalf("%s: the device has %d peers, %d active", step, len(in), len(got)-idle)
 	}
-	if int(p.l.idle.Load()) != idle {
-		t.Fatalf("%s: idle count %d, want %d", step, p.l.idle.Load(), idle)
+	if p.l.stats().Idle != idle {
+		t.Fatalf("%s: idle count %d, want %d", step, p.l.stats().Idle, idle)
 	}
 }
 
@@ -353,8 +357,8 @@ func TestLazyPeersOutbound(t *testing.T) {
 	want(p.keys[0], p.keys[1])
 	send(ipv6Packet("fd00:1::99"))
 	want(p.keys...)
-	if p.l.idle.Load() != 0 {
-		t.Fatalf("idle %d", p.l.idle.Load())
+	if p.l.stats().Idle != 0 {
+		t.Fatalf("idle %d", p.l.stats().Idle)
 	}
 }
 
@@ -367,12 +371,7 @@ func TestLazyPeersOutbound(t *testing.T) {
 func TestRootLazyPeers(t *testing.T) {
 	requireRoot(t)
 	log := testLogger(t)
-	a, b := &node{ns: newNSHandle(t), name: uniqueName(t)}, &node{ns: newNSHandle(t), name: uniqueName(t)}
-	veth(t, a.ns, b.ns, "198.51.100.1/24", "198.51.100.2/24")
-	a.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.1/24")}
-	b.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.2/24")}
-	a.cfg.Peers = []Peer{{PublicKey: b.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
-	b.cfg.Peers = []Peer{{PublicKey: a.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
+	a, b := nodePair(t, 24)
 	for i := range 20 { // idle peers a packet must not wake
 		k := privKey(t).PublicKey()
 		a.cfg.Peers = append(a.cfg.Peers, Peer{PublicKey: k, Endpoint: udp(fmt.Sprintf("198.51.100.%d:51820", 100+i)), AllowedIPs: pfx(fmt.Sprintf("10.77.1.%d/32", i))})
@@ -466,7 +465,175 @@ func TestLazyPeersRecreated(t *testing.T) {
 	if len(got) != 1 || len(got[0].Peers) != 3 || got[0].Peers[0].PublicKey != p.keys[0] || !got[0].Peers[0].Remove {
 		t.Fatalf("forwarded %+v, want the active peer's remove, create and update", got)
 	}
-	if p.l.idle.Load() != 1 {
-		t.Fatalf("idle count %d", p.l.idle.Load())
+	if p.l.stats().Idle != 1 {
+		t.Fatalf("idle count %d", p.l.stats().Idle)
+	}
+}
+
+// TestLazyPeersRefuseReplays: an initiation puts its idle sender into the
+// device; once the peer is trimmed (the device forgets the last timestamp
+// it took from it) the same initiation replayed puts nothing in, and a
+// later one does. An initiation from an unknown key does nothing.
+func TestLazyPeersRefuseReplays(t *testing.T) {
+	p := newLazyPair(t, 0)
+	a := privKey(t)
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: a.PublicKey(), AllowedIPs: pfx("10.0.1.0/24")}}})
+	first := initiationtest.Capture(t, a, p.own)
+	// Initiation timestamps have a granularity of 2^24 ns (wireguard-go
+	// whitens the rest): the second is later once that much has passed.
+	time.Sleep(50 * time.Millisecond)
+	second := initiationtest.Capture(t, a, p.own)
+	stranger := initiationtest.Capture(t, privKey(t), p.own)
+	receive := func(msg []byte) {
+		buf := append([]byte(nil), msg...)
+		p.l.inbound([][]byte{buf}, []int{len(buf)})
+	}
+	receive(stranger)
+	if st := p.l.stats(); st.Idle != 1 || st.Activations != 0 {
+		t.Fatalf("after a stranger's initiation: %+v", st)
+	}
+	receive(first)
+	if p.l.isIdle(a.PublicKey()) {
+		t.Fatal("an initiation did not put its sender into the device")
+	}
+	p.now = p.now.Add(lazyIdleAfter + time.Minute)
+	if err := p.lazy.trimIdle(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.lazy.trimIdle(); err != nil {
+		t.Fatal(err)
+	}
+	if !p.l.isIdle(a.PublicKey()) {
+		t.Fatal("not trimmed")
+	}
+	receive(first)
+	if !p.l.isIdle(a.PublicKey()) {
+		t.Fatal("a replayed initiation put its sender back into the device")
+	}
+	if st := p.l.stats(); st.Replays != 1 || st.Activations != 1 {
+		t.Fatalf("after the replay: %+v", st)
+	}
+	receive(second)
+	if p.l.isIdle(a.PublicKey()) {
+		t.Fatal("a later initiation did not put its sender into the device")
+	}
+}
+
+// TestLazyPeersKeepaliveRestored: a peer with a persistent keepalive taken
+// out of the device by hand reads as missing, so the next Set puts it
+// back.
+func TestLazyPeersKeepaliveRestored(t *testing.T) {
+	p := newLazyPair(t, 1)
+	cfg := Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: p.keys[0], Endpoint: udp("192.0.2.1:51820"), AllowedIPs: pfx("10.0.1.0/24"), PersistentKeepalive: 25 * time.Second}}}
+	mustSet(t, p.lazy, cfg)
+	if err := p.inner.ConfigureDevice("wg0", wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: p.keys[0], Remove: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	mustSet(t, p.lazy, cfg)
+	d, _ := p.inner.Device("wg0")
+	if len(d.Peers) != 1 || d.Peers[0].PersistentKeepaliveInterval != 25*time.Second {
+		t.Fatalf("the keepalive peer is not back in the device: %+v", d.Peers)
+	}
+}
+
+// activatingClient is a FakeClient whose reads start an activation of
+// peer key by the lazy layer l (as a packet would) and give it time to
+// run before they return.
+type activatingClient struct {
+	*FakeClient
+	l    *lazyPeers
+	key  wgtypes.Key
+	done chan struct{}
+}
+
+func (c *activatingClient) Device(name string) (*wgtypes.Device, error) {
+	d, err := c.FakeClient.Device(name)
+	if c.done == nil {
+		c.done = make(chan struct{})
+		go func() { c.l.activate(c.key); close(c.done) }()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d, err
+}
+
+// TestLazyPeersNoStaleRead: a peer put into the device while a Set reads
+// the device is still removed by that Set when it is no longer wanted.
+func TestLazyPeersNoStaleRead(t *testing.T) {
+	p := newLazyPair(t, 2)
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{
+		{PublicKey: p.keys[0], AllowedIPs: pfx("10.0.1.0/24")},
+		{PublicKey: p.keys[1], AllowedIPs: pfx("10.0.2.0/24")},
+	}})
+	ac := &activatingClient{FakeClient: p.inner, l: p.l, key: p.keys[0]}
+	p.l.inner = ac
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: p.keys[1], AllowedIPs: pfx("10.0.2.0/24")}}})
+	<-ac.done
+	d, _ := p.inner.Device("wg0")
+	for _, c := range d.Peers {
+		if c.PublicKey == p.keys[0] {
+			t.Fatalf("peer removed by Set still in the device: %+v", c)
+		}
+	}
+}
+
+// TestRootLazyPeersRebindUnderInitiations: the device's UDP socket is
+// rebound (a listen port write, which waits for the receive goroutines)
+// again and again while handshake initiations keep arriving, which the
+// receive goroutines read for the lazy layer: nothing may wait on the other
+// for good.
+func TestRootLazyPeersRebindUnderInitiations(t *testing.T) {
+	requireRoot(t)
+	log := testLoggerAt(t, slog.LevelInfo)
+	a, b := nodePair(t, 24)
+	b.cfg.Peers = append(b.cfg.Peers, Peer{PublicKey: privKey(t).PublicKey(), AllowedIPs: pfx("10.77.1.1/32")}) // stays idle
+	a.dev = mustOpenIn(t, a.ns, Options{Name: a.name, Mode: ModeUserspace, MTU: 1420, Logger: log})
+	b.dev = mustOpenIn(t, b.ns, Options{Name: b.name, Mode: ModeUserspace, MTU: 1420, Logger: log, LazyPeers: true})
+	t.Cleanup(func() { a.dev.Delete(); b.dev.Delete() })
+	mustSet(t, a.dev, a.cfg)
+	mustSet(t, b.dev, b.cfg)
+
+	watchdog := time.AfterFunc(60*time.Second, func() {
+		buf := make([]byte, 1<<20)
+		panic("rebinding under initiations hung; goroutines:\n" + string(buf[:runtime.Stack(buf, true)]))
+	})
+	defer watchdog.Stop()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // a re-creates its peer b again and again: one initiation each
+		defer close(done)
+		ka := time.Second
+		bk := b.cfg.PrivateKey.PublicKey()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			a.dev.mu.Lock()
+			err := a.dev.client.ConfigureDevice(a.name, wgtypes.Config{Peers: []wgtypes.PeerConfig{
+				{PublicKey: bk, Remove: true},
+				{PublicKey: bk, Endpoint: udp("198.51.100.2:51820"), PersistentKeepaliveInterval: &ka, AllowedIPs: toIPNets(pfx("10.77.0.2/32"))},
+			}})
+			a.dev.mu.Unlock()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	port := 51820
+	for range 200 {
+		b.dev.mu.Lock()
+		err := b.dev.client.ConfigureDevice(b.name, wgtypes.Config{ListenPort: &port})
+		b.dev.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+	if st, _ := b.dev.LazyStats(); st.Activations != 1 || st.Idle != 1 {
+		t.Fatalf("lazy stats %+v: want a put in once, the other peer idle", st)
 	}
 }

@@ -68,12 +68,7 @@ func BenchmarkInProcessMemory(b *testing.B) {
 	lazy := os.Getenv("MESHD_WG_MEMORY_LAZY") == "1" // both helpers with Options.LazyPeers
 	mb := func(v uint64) float64 { return float64(v) / 1e6 }
 	for range b.N {
-		na, nb := &node{ns: newNSHandle(b), name: uniqueName(b)}, &node{ns: newNSHandle(b), name: uniqueName(b)}
-		veth(b, na.ns, nb.ns, "198.51.100.1/24", "198.51.100.2/24")
-		na.cfg = Config{PrivateKey: privKey(b), ListenPort: 51820, Addresses: pfx("10.77.0.1/16")}
-		nb.cfg = Config{PrivateKey: privKey(b), ListenPort: 51820, Addresses: pfx("10.77.0.2/16")}
-		na.cfg.Peers = []Peer{{PublicKey: nb.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
-		nb.cfg.Peers = []Peer{{PublicKey: na.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
+		na, nb := nodePair(b, 16)
 		for i := 3; i <= peers; i++ {
 			k, err := wgtypes.GeneratePrivateKey()
 			if err != nil {

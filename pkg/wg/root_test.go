@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -429,16 +430,25 @@ type node struct {
 
 func twoNodes(t testing.TB, log *slog.Logger) (a, b *node) {
 	t.Helper()
-	a = &node{ns: newNSHandle(t), name: uniqueName(t)}
-	b = &node{ns: newNSHandle(t), name: uniqueName(t)}
-	veth(t, a.ns, b.ns, "198.51.100.1/24", "198.51.100.2/24")
-	a.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.1/24")}
-	b.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx("10.77.0.2/24")}
-	a.cfg.Peers = []Peer{{PublicKey: b.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
-	b.cfg.Peers = []Peer{{PublicKey: a.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
+	a, b = nodePair(t, 24)
 	for _, n := range []*node{a, b} {
 		n.dev = mustOpenIn(t, n.ns, Options{Name: n.name, Mode: ModeUserspace, MTU: 1420, Logger: log})
 	}
+	return a, b
+}
+
+// nodePair joins two fresh namespaces by a veth (198.51.100.1/.2) and
+// gives each a Config with the mesh address 10.77.0.1 or .2 (prefix length
+// bits) and the other as its peer; it opens no device.
+func nodePair(t testing.TB, bits int) (a, b *node) {
+	t.Helper()
+	a = &node{ns: newNSHandle(t), name: uniqueName(t)}
+	b = &node{ns: newNSHandle(t), name: uniqueName(t)}
+	veth(t, a.ns, b.ns, "198.51.100.1/24", "198.51.100.2/24")
+	a.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx(fmt.Sprintf("10.77.0.1/%d", bits))}
+	b.cfg = Config{PrivateKey: privKey(t), ListenPort: 51820, Addresses: pfx(fmt.Sprintf("10.77.0.2/%d", bits))}
+	a.cfg.Peers = []Peer{{PublicKey: b.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.2:51820"), AllowedIPs: pfx("10.77.0.2/32")}}
+	b.cfg.Peers = []Peer{{PublicKey: a.cfg.PrivateKey.PublicKey(), Endpoint: udp("198.51.100.1:51820"), AllowedIPs: pfx("10.77.0.1/32")}}
 	return a, b
 }
 

@@ -11,9 +11,11 @@
 // the static key, which anyone knowing the receiver's public key can seal
 // naming any sender, it checks that the encrypted timestamp opens with the
 // static-static key (DH of the two static keys). An old initiation replayed
-// still names its sender; rejecting replays is wireguard-go's job.
+// still names its sender: SenderAt returns its timestamp, which the caller
+// compares with the last one it saw from that sender, since wireguard-go
+// forgets a peer's last timestamp when the peer leaves the device.
 //
 // Out of scope: completing handshakes (the preshared key, the response),
-// cookies and MAC2, and the timestamp's value and replay protection:
-// wireguard-go does all that once the peer is in the device.
+// cookies and MAC2, and the replay protection of a peer in the device:
+// wireguard-go does all that.
 package initiation

@@ -1,6 +1,7 @@
 package initiation
 
 import (
+	"bytes"
 	"crypto/ecdh"
 	"crypto/hmac"
 	"hash"
@@ -97,8 +98,25 @@ func NewReader(priv wgtypes.Key) *Reader {
 // nothing on the fast reject paths (wrong length/type, bad MAC1). MAC2, the
 // sender index and the timestamp's value are not looked at.
 func (r *Reader) Sender(msg []byte) (peer wgtypes.Key, ok bool) {
+	peer, _, ok = r.SenderAt(msg)
+	return peer, ok
+}
+
+// Timestamp is an initiation's TAI64N timestamp: the initiator's clock
+// when it made the message, big-endian (seconds, then nanoseconds), so
+// that a later one compares greater byte by byte. A responder takes an
+// initiation from a peer only when its timestamp is after the last one it
+// took from that peer: that is what refuses replays.
+type Timestamp [12]byte
+
+// After reports whether t is later than u.
+func (t Timestamp) After(u Timestamp) bool { return bytes.Compare(t[:], u[:]) > 0 }
+
+// SenderAt is Sender that also returns the message's decrypted timestamp,
+// for a caller that must refuse replays itself.
+func (r *Reader) SenderAt(msg []byte) (peer wgtypes.Key, ts Timestamp, ok bool) {
 	if r == nil || r.priv == nil || !IsInitiation(msg) || !r.validMAC1(msg) {
-		return wgtypes.Key{}, false
+		return wgtypes.Key{}, Timestamp{}, false
 	}
 	return r.decryptStatic(msg)
 }
@@ -135,17 +153,17 @@ func (r *Reader) validMAC1(msg []byte) bool {
 //	Ci = KDF1(Ci, msg.ephemeral)
 //	(Ci, k) = KDF2(Ci, DH(Spriv_responder, msg.ephemeral))
 //	static = AEAD-decrypt(k, 0, msg.static, Hi)
-func (r *Reader) decryptStatic(msg []byte) (peer wgtypes.Key, ok bool) {
+func (r *Reader) decryptStatic(msg []byte) (peer wgtypes.Key, ts Timestamp, ok bool) {
 	ephemeral := msg[offEphemeral:offStatic]
 	pub, err := ecdh.X25519().NewPublicKey(ephemeral)
 	if err != nil {
-		return wgtypes.Key{}, false
+		return wgtypes.Key{}, Timestamp{}, false
 	}
 	// ECDH fails when the result is all zeros (a low-order ephemeral key):
 	// the key below would then be known to anyone.
 	dh, err := r.priv.ECDH(pub)
 	if err != nil {
-		return wgtypes.Key{}, false
+		return wgtypes.Key{}, Timestamp{}, false
 	}
 	h := mixHash(r.hash, ephemeral)
 	ck := kdf1(initialChainKey[:], ephemeral)
@@ -154,16 +172,17 @@ func (r *Reader) decryptStatic(msg []byte) (peer wgtypes.Key, ok bool) {
 	aead, err := chacha20poly1305.New(key[:])
 	clear(key[:])
 	if err != nil {
-		return wgtypes.Key{}, false
+		return wgtypes.Key{}, Timestamp{}, false
 	}
 	var nonce [chacha20poly1305.NonceSize]byte
 	if _, err := aead.Open(peer[:0], nonce[:], msg[offStatic:offTimestamp], h[:]); err != nil {
-		return wgtypes.Key{}, false
+		return wgtypes.Key{}, Timestamp{}, false
 	}
-	if !r.provenBy(peer, msg, mixHash(h, msg[offStatic:offTimestamp]), ck) {
-		return wgtypes.Key{}, false
+	ts, ok = r.provenBy(peer, msg, mixHash(h, msg[offStatic:offTimestamp]), ck)
+	if !ok {
+		return wgtypes.Key{}, Timestamp{}, false
 	}
-	return peer, true
+	return peer, ts, true
 }
 
 // provenBy reports whether msg's encrypted timestamp decrypts with the key
@@ -175,27 +194,30 @@ func (r *Reader) decryptStatic(msg []byte) (peer wgtypes.Key, ok bool) {
 //	(Ci, k) = KDF2(Ci, DH(Spriv_responder, Spub_initiator))
 //	timestamp = AEAD-decrypt(k, 0, msg.timestamp, Hi)
 //
-// The timestamp itself (replays) is wireguard-go's to check.
-func (r *Reader) provenBy(peer wgtypes.Key, msg []byte, h, ck [blake2s.Size]byte) bool {
+// It returns the timestamp: refusing an initiation replayed to a peer
+// that wireguard-go has forgotten (taken out of the device, which drops
+// the last timestamp it took) is the caller's job.
+func (r *Reader) provenBy(peer wgtypes.Key, msg []byte, h, ck [blake2s.Size]byte) (ts Timestamp, ok bool) {
 	pub, err := ecdh.X25519().NewPublicKey(peer[:])
 	if err != nil {
-		return false
+		return Timestamp{}, false
 	}
 	ss, err := r.priv.ECDH(pub) // fails on an all-zero result, as wireguard-go refuses it
 	if err != nil {
-		return false
+		return Timestamp{}, false
 	}
 	_, key := kdf2(ck[:], ss)
 	clear(ss)
 	aead, err := chacha20poly1305.New(key[:])
 	clear(key[:])
 	if err != nil {
-		return false
+		return Timestamp{}, false
 	}
 	var nonce [chacha20poly1305.NonceSize]byte
-	var ts [12]byte
-	_, err = aead.Open(ts[:0], nonce[:], msg[offTimestamp:offMAC1], h[:])
-	return err == nil
+	if _, err := aead.Open(ts[:0], nonce[:], msg[offTimestamp:offMAC1], h[:]); err != nil {
+		return Timestamp{}, false
+	}
+	return ts, true
 }
 
 // mixHash returns HASH(h || data).
