@@ -41,8 +41,8 @@ import (
 // Manager.Run calls every lazyTrimEvery: by then its session keys have
 // expired (after 180 s) and the next packet either way starts a fresh
 // handshake. A peer with a persistent keepalive is never lazy: the
-// keepalive is there to hold a NAT mapping open (one missing from the
-// device is reported missing, so the next Set puts it back).
+// keepalive is there to hold a NAT mapping open (trimIdle puts back one
+// missing from the device).
 //
 // The rest of the package does not see the difference: lazyPeers is the
 // Device's Client, whose Device read lists every configured peer (the ones
@@ -76,6 +76,10 @@ const (
 	// and the peer tries again 5 s later, as after any lost packet.
 	lazyChecksPerSecond = 200
 	lazyChecksBurst     = 400
+	// lazyClockSkew is how far ahead of this node's clock a peer's may be
+	// for trimIdle's timestamp floor to refuse its old initiations (at most
+	// half of idleAfter: the floor stays in the past).
+	lazyClockSkew = 2 * time.Minute
 )
 
 // lazyPeer is one configured peer and whether it is in the device.
@@ -166,9 +170,6 @@ func (l *lazyPeers) start(c Client) {
 func (l *lazyPeers) close() { l.stopOnce.Do(func() { close(l.stop) }) }
 
 // Device reads the device and adds the peers kept out of it.
-// A peer with a persistent keepalive that is not in the device (removed by
-// hand, or its forwarding failed) is left out, as a plain device would
-// show it: the next Set then puts it back.
 func (l *lazyPeers) Device(name string) (*wgtypes.Device, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -184,7 +185,7 @@ func (l *lazyPeers) Device(name string) (*wgtypes.Device, error) {
 	}
 	for _, k := range slices.SortedFunc(func(yield func(wgtypes.Key) bool) {
 		for k, p := range l.peers {
-			if !p.active && p.keepalive <= 0 && !yield(k) {
+			if !p.active && !yield(k) {
 				return
 			}
 		}
@@ -465,6 +466,7 @@ func packetDst(pkt []byte) (netip.Addr, bool) {
 // accepted by the device, which forgot it.
 func (l *lazyPeers) inbound(bufs [][]byte, sizes []int) {
 	var deadline time.Time
+	gaveUp := false
 	for i := range sizes {
 		if sizes[i] > len(bufs[i]) || !initiation.IsInitiation(bufs[i][:sizes[i]]) {
 			continue
@@ -481,8 +483,8 @@ func (l *lazyPeers) inbound(bufs [][]byte, sizes []int) {
 		if !known || !l.newer(k, ts) {
 			continue
 		}
-		if idle && !l.request(k, &deadline) {
-			return // waited long enough for this batch
+		if idle && !gaveUp && !l.request(k, &deadline) {
+			gaveUp = true // waited long enough for this batch; go on recording
 		}
 	}
 }
@@ -549,7 +551,17 @@ func (l *lazyPeers) activate(k wgtypes.Key) {
 
 // trimIdle takes out of the device the peers that carried no traffic and
 // made no handshake for idleAfter, keeping the endpoint the device learned
-// for them.
+// for them, and puts back those with a persistent keepalive that are
+// missing (taken out by hand, or their forwarding failed).
+//
+// A peer taken out also gets a floor under the initiation timestamps it
+// will be put back for: inbound may not have seen every initiation the
+// device took from it (past its rate limit, say while someone floods the
+// node with initiations), and one of those replayed must not put it back.
+// The device took none for idleAfter (an initiation counts as received
+// bytes), so the floor, idleAfter minus lazyClockSkew ago, is below any
+// initiation the peer makes from now on unless its clock is more than
+// idleAfter - lazyClockSkew behind this node's.
 func (l *lazyPeers) trimIdle() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -562,11 +574,56 @@ func (l *lazyPeers) trimIdle() error {
 		l.publish(false)
 	}
 	now := l.now()
+	gone := l.idleFor(cur.Peers, now)
 	var out []wgtypes.PeerConfig
-	var gone []*lazyPeer
-	var eps []*net.UDPAddr
-	for i := range cur.Peers {
-		c := &cur.Peers[i]
+	for _, g := range gone {
+		out = append(out, wgtypes.PeerConfig{PublicKey: g.key, Remove: true})
+	}
+	var back []*lazyPeer
+	for k, p := range l.peers {
+		if !p.active && p.keepalive > 0 {
+			out = append(out, p.config(k))
+			back = append(back, p)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if err := l.inner.ConfigureDevice(l.name, wgtypes.Config{Peers: out}); err != nil {
+		return err
+	}
+	floor := initiation.TimestampAt(now.Add(-l.idleAfter + min(lazyClockSkew, l.idleAfter/2)))
+	for _, g := range gone {
+		if g.endpoint != nil {
+			ep := *g.endpoint
+			g.p.endpoint = &ep // learned by roaming: where to start next time
+		}
+		l.setActive(g.p, false, now)
+		l.raiseTimestamp(g.key, floor)
+	}
+	for _, p := range back {
+		l.setActive(p, true, now)
+	}
+	l.publish(false)
+	l.trims.Add(uint64(len(gone)))
+	l.log.Debug("idle WireGuard peers taken out of the device", "peers", len(gone), "keepalivePeersPutBack", len(back))
+	return nil
+}
+
+// trimmed is a peer trimIdle takes out, with the endpoint the device has
+// for it.
+type trimmed struct {
+	key      wgtypes.Key
+	p        *lazyPeer
+	endpoint *net.UDPAddr
+}
+
+// idleFor returns the peers in the device (as read: in) without traffic or
+// handshake for idleAfter, and notes the traffic of the others.
+func (l *lazyPeers) idleFor(in []wgtypes.Peer, now time.Time) []trimmed {
+	var gone []trimmed
+	for i := range in {
+		c := &in[i]
 		p := l.peers[c.PublicKey]
 		if p == nil || !p.active {
 			continue
@@ -578,27 +635,19 @@ func (l *lazyPeers) trimIdle() error {
 		if p.keepalive > 0 || now.Sub(p.seen) < l.idleAfter {
 			continue
 		}
-		out = append(out, wgtypes.PeerConfig{PublicKey: c.PublicKey, Remove: true})
-		gone = append(gone, p)
-		eps = append(eps, c.Endpoint)
+		gone = append(gone, trimmed{key: c.PublicKey, p: p, endpoint: c.Endpoint})
 	}
-	if len(out) == 0 {
-		return nil
+	return gone
+}
+
+// raiseTimestamp makes ts the last initiation timestamp of peer k if it is
+// later than the one recorded.
+func (l *lazyPeers) raiseTimestamp(k wgtypes.Key, ts initiation.Timestamp) {
+	l.tsMu.Lock()
+	defer l.tsMu.Unlock()
+	if last, ok := l.lastTS[k]; !ok || ts.After(last) {
+		l.lastTS[k] = ts
 	}
-	if err := l.inner.ConfigureDevice(l.name, wgtypes.Config{Peers: out}); err != nil {
-		return err
-	}
-	for i, p := range gone {
-		if eps[i] != nil {
-			ep := *eps[i]
-			p.endpoint = &ep // learned by roaming: where to start next time
-		}
-		l.setActive(p, false, now)
-	}
-	l.publish(false)
-	l.trims.Add(uint64(len(gone)))
-	l.log.Debug("idle WireGuard peers taken out of the device", "peers", len(gone))
-	return nil
 }
 
 // pruneTimestamps forgets the initiation timestamps of peers no longer

@@ -520,19 +520,68 @@ func TestLazyPeersRefuseReplays(t *testing.T) {
 }
 
 // TestLazyPeersKeepaliveRestored: a peer with a persistent keepalive taken
-// out of the device by hand reads as missing, so the next Set puts it
-// back.
+// out of the device by hand is put back by the next trim; one also dropped
+// from the configuration is gone for good, its allowed IPs going to the
+// peer that took them.
 func TestLazyPeersKeepaliveRestored(t *testing.T) {
-	p := newLazyPair(t, 1)
+	p := newLazyPair(t, 2)
 	cfg := Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: p.keys[0], Endpoint: udp("192.0.2.1:51820"), AllowedIPs: pfx("10.0.1.0/24"), PersistentKeepalive: 25 * time.Second}}}
 	mustSet(t, p.lazy, cfg)
-	if err := p.inner.ConfigureDevice("wg0", wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: p.keys[0], Remove: true}}}); err != nil {
+	removeByHand := func() {
+		t.Helper()
+		if err := p.inner.ConfigureDevice("wg0", wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: p.keys[0], Remove: true}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removeByHand()
+	if err := p.lazy.trimIdle(); err != nil {
 		t.Fatal(err)
 	}
-	mustSet(t, p.lazy, cfg)
 	d, _ := p.inner.Device("wg0")
 	if len(d.Peers) != 1 || d.Peers[0].PersistentKeepaliveInterval != 25*time.Second {
 		t.Fatalf("the keepalive peer is not back in the device: %+v", d.Peers)
+	}
+	removeByHand()
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: p.keys[1], AllowedIPs: pfx("10.0.1.0/24")}}})
+	p.l.outbound([][]byte{ipv4Packet("10.0.1.5")}, []int{20}, 0)
+	if err := p.lazy.trimIdle(); err != nil {
+		t.Fatal(err)
+	}
+	d, _ = p.inner.Device("wg0")
+	if len(d.Peers) != 1 || d.Peers[0].PublicKey != p.keys[1] || len(d.Peers[0].AllowedIPs) != 1 {
+		t.Fatalf("in the device: %+v; want only the peer that took 10.0.1.0/24", d.Peers)
+	}
+	if st := p.l.stats(); st.Idle != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestLazyPeersTrimFloorsTimestamps: an initiation the lazy layer never
+// saw (the device took it while the peer was in, say past the rate limit)
+// does not put the peer back once it is trimmed: the trim puts a floor
+// under the timestamps it accepts.
+func TestLazyPeersTrimFloorsTimestamps(t *testing.T) {
+	p := newLazyPair(t, 0)
+	p.now = time.Now()
+	a := privKey(t)
+	mustSet(t, p.lazy, Config{PrivateKey: p.own, Peers: []Peer{{PublicKey: a.PublicKey(), AllowedIPs: pfx("10.0.1.0/24")}}})
+	unseen := initiationtest.Capture(t, a, p.own)
+	p.l.activate(a.PublicKey()) // by a packet; the initiation went by unseen
+	p.now = p.now.Add(lazyIdleAfter + time.Minute)
+	for range 2 {
+		if err := p.lazy.trimIdle(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !p.l.isIdle(a.PublicKey()) {
+		t.Fatal("not trimmed")
+	}
+	p.l.inbound([][]byte{unseen}, []int{len(unseen)})
+	if !p.l.isIdle(a.PublicKey()) {
+		t.Fatal("an initiation older than the trim put its sender back")
+	}
+	if st := p.l.stats(); st.Replays != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"crypto/ecdh"
 	"crypto/hmac"
+	"encoding/binary"
 	"hash"
 	"sync"
+	"time"
 
 	"golang.org/x/crypto/blake2s"
 	"golang.org/x/crypto/chacha20poly1305"
@@ -108,6 +110,16 @@ func (r *Reader) Sender(msg []byte) (peer wgtypes.Key, ok bool) {
 // initiation from a peer only when its timestamp is after the last one it
 // took from that peer: that is what refuses replays.
 type Timestamp [12]byte
+
+// TimestampAt is the timestamp an initiator whose clock reads t puts in an
+// initiation (TAI64N: 2^62 + 10 + the Unix seconds, then the
+// nanoseconds), as wireguard-go writes it but without its whitening.
+func TimestampAt(t time.Time) Timestamp {
+	var ts Timestamp
+	binary.BigEndian.PutUint64(ts[:8], uint64(1<<62+10+t.Unix()))
+	binary.BigEndian.PutUint32(ts[8:], uint32(t.Nanosecond()))
+	return ts
+}
 
 // After reports whether t is later than u.
 func (t Timestamp) After(u Timestamp) bool { return bytes.Compare(t[:], u[:]) > 0 }

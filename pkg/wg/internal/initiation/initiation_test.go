@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/crypto/blake2s"
 	"golang.org/x/crypto/chacha20poly1305"
+	"golang.zx2c4.com/wireguard/tai64n"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"meshd.io/meshd/pkg/wg/internal/initiation/initiationtest"
@@ -430,5 +431,20 @@ func TestValidMAC1(t *testing.T) {
 	}
 	if _, ok := r.Sender(forged); ok {
 		t.Error("Sender accepted a damaged static key")
+	}
+}
+
+// TestTimestampAt: TimestampAt encodes a time as wireguard-go stamps an
+// initiation then (its whitening rounds the nanoseconds down, by at most
+// 2^24 ns).
+func TestTimestampAt(t *testing.T) {
+	before := time.Now().Add(-20 * time.Millisecond)
+	got := Timestamp(tai64n.Now())
+	after := time.Now()
+	if TimestampAt(before).After(got) || got.After(TimestampAt(after)) {
+		t.Fatalf("wireguard-go's %x not between %x and %x", got, TimestampAt(before), TimestampAt(after))
+	}
+	if !TimestampAt(after).After(TimestampAt(before)) || TimestampAt(before).After(TimestampAt(before)) {
+		t.Fatal("After is not a strict order of times")
 	}
 }
