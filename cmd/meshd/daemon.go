@@ -410,9 +410,9 @@ func (d *daemon) Run(ctx context.Context) error {
 		}
 	}
 	var g run.Group
-	add := func(run func(context.Context) error) { addActor(&g, ctx, run) }
+	add := func(name string, run func(context.Context) error) { addActor(&g, ctx, d.log, name, run) }
 	// The informers.
-	add(func(ictx context.Context) error {
+	add("informers", func(ictx context.Context) error {
 		go d.nodes.RunWithContext(ictx)
 		go d.peers.RunWithContext(ictx)
 		go d.leases.Run(ictx)
@@ -422,63 +422,85 @@ func (d *daemon) Run(ctx context.Context) error {
 		return nil
 	})
 	// Peer endpoint names, resolved in the background.
-	add(d.dns.Run)
+	add("peer endpoint names", d.dns.Run)
 	// Peer status: the report stage's writes.
-	add(d.peerStatus.Run)
+	add("peer status", d.peerStatus.Run)
 	// The reconcile worker.
 	wctx, cancelWork := context.WithCancel(ctx)
-	g.Add(func() error { return d.work(wctx) }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })
+	addActor(&g, wctx, d.log, "reconcile worker", d.work)
+	g.Add(func() error { <-wctx.Done(); return nil }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })
 	// Periodic resync and liveness expiry.
-	add(func(tctx context.Context) error { d.tick(tctx); return nil })
+	add("resync", func(tctx context.Context) error { d.tick(tctx); return nil })
 	// Route repair: the netlink watch.
-	add(func(rctx context.Context) error {
+	add("route repair", func(rctx context.Context) error {
 		return d.routes.Run(rctx, func() { d.rec.metrics.repairs.WithLabelValues("routes").Inc(); d.enqueue() })
 	})
 	// The WireGuard interface: put back when deleted or recreated (its
 	// routes went with it, so reconcile), first handshakes retried.
-	add(func(lctx context.Context) error { return d.device.Run(lctx, d.enqueue) })
+	add("WireGuard interface", func(lctx context.Context) error { return d.device.Run(lctx, d.enqueue) })
 	if d.clusterLinks != nil { // linked clusters, as the link controller reports them
 		if _, err := d.clusterLinks.AddEventHandler(d.handler()); err != nil {
 			return fmt.Errorf("adding event handler: %w", err)
 		}
-		add(func(lctx context.Context) error { d.clusterLinks.RunWithContext(lctx); return nil })
+		add("cluster links", func(lctx context.Context) error { d.clusterLinks.RunWithContext(lctx); return nil })
 	}
 	// The liveness heartbeat, and the data-plane probes.
-	add(d.runHeartbeat)
+	add("heartbeat", d.runHeartbeat)
 	if d.prober != nil {
-		add(d.prober.Run)
+		add("probes", d.prober.Run)
 	}
 	if d.tunnel != nil {
-		add(d.runTunnelProbes)
+		add("tunnel probes", d.runTunnelProbes)
 	}
 	if d.cfg.DebugPprof != "" { // opt-in Go profiles
-		add(func(pctx context.Context) error { return servePprof(pctx, d.log, d.cfg.DebugPprof) })
+		add("pprof", func(pctx context.Context) error { return servePprof(pctx, d.log, d.cfg.DebugPprof) })
 	}
-	{ // HTTP: metrics and probes
-		srv := &http.Server{Addr: d.cfg.Listen, Handler: d.mux(), ReadHeaderTimeout: 5 * time.Second}
-		g.Add(func() error {
-			d.log.Info("serving metrics and probes", "listen", d.cfg.Listen)
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("serving %s: %w", d.cfg.Listen, err)
-			}
-			return nil
-		}, func(error) {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			srv.Shutdown(sctx)
-		})
-	}
-	{ // stop with ctx
-		g.Add(func() error { <-ctx.Done(); return ctx.Err() }, func(error) {})
-	}
+	d.addServer(&g)
+	addStopOnDone(&g, ctx)
 	return g.Run()
 }
 
+// addServer adds to g the HTTP server of metrics, probes and debug state.
+func (d *daemon) addServer(g *run.Group) {
+	srv := &http.Server{Addr: d.cfg.Listen, Handler: d.mux(), ReadHeaderTimeout: 5 * time.Second}
+	g.Add(func() error {
+		d.log.Info("serving metrics and probes", "listen", d.cfg.Listen)
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("stopping: a part of meshd ended", "part", "metrics and probes server", "error", err)
+			return fmt.Errorf("serving %s: %w", d.cfg.Listen, err)
+		}
+		return nil
+	}, func(error) {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	})
+}
+
+// addStopOnDone adds to g an actor that stops the group when ctx is done
+// (the signal), for the actors that do not watch ctx themselves (the HTTP
+// server). When another actor stops the group first, it returns too: it
+// used to wait for ctx alone, so an actor that failed left meshd hung,
+// serving nothing and never logging why.
+func addStopOnDone(g *run.Group, ctx context.Context) {
+	sctx, cancel := context.WithCancel(ctx)
+	g.Add(func() error { <-sctx.Done(); return ctx.Err() }, func(error) { cancel() })
+}
+
 // addActor adds to g an actor that runs run with a context of its own,
-// derived from ctx and cancelled when the group stops.
-func addActor(g *run.Group, ctx context.Context, run func(context.Context) error) {
+// derived from ctx and cancelled when the group stops. An actor that ends
+// while ctx is not done stops the whole group: that is logged at once,
+// with its name, since the error reaches the log only once every other
+// actor has stopped.
+func addActor(g *run.Group, ctx context.Context, log *slog.Logger, name string, run func(context.Context) error) {
 	actx, cancel := context.WithCancel(ctx)
-	g.Add(func() error { return run(actx) }, func(error) { cancel() })
+	g.Add(func() error {
+		err := run(actx)
+		if actx.Err() == nil {
+			log.Error("stopping: a part of meshd ended", "part", name, "error", err)
+		}
+		return err
+	}, func(error) { cancel() })
 }
 
 // work is the single worker: it waits for the caches, then reconciles
