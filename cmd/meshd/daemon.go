@@ -426,9 +426,7 @@ func (d *daemon) Run(ctx context.Context) error {
 	// Peer status: the report stage's writes.
 	add("peer status", d.peerStatus.Run)
 	// The reconcile worker.
-	wctx, cancelWork := context.WithCancel(ctx)
-	addActor(&g, wctx, d.log, "reconcile worker", d.work)
-	g.Add(func() error { <-wctx.Done(); return nil }, func(error) { cancelWork(); d.coalesce.stop(); d.queue.ShutDown() })
+	addActor(&g, ctx, d.log, "reconcile worker", d.work, d.coalesce.stop, d.queue.ShutDown)
 	// Periodic resync and liveness expiry.
 	add("resync", func(tctx context.Context) error { d.tick(tctx); return nil })
 	// Route repair: the netlink watch.
@@ -488,11 +486,12 @@ func addStopOnDone(g *run.Group, ctx context.Context) {
 }
 
 // addActor adds to g an actor that runs run with a context of its own,
-// derived from ctx and cancelled when the group stops. An actor that ends
+// derived from ctx and cancelled when the group stops, then calls stops
+// (what else ends run, e.g. shutting its queue down). An actor that ends
 // while ctx is not done stops the whole group: that is logged at once,
 // with its name, since the error reaches the log only once every other
 // actor has stopped.
-func addActor(g *run.Group, ctx context.Context, log *slog.Logger, name string, run func(context.Context) error) {
+func addActor(g *run.Group, ctx context.Context, log *slog.Logger, name string, run func(context.Context) error, stops ...func()) {
 	actx, cancel := context.WithCancel(ctx)
 	g.Add(func() error {
 		err := run(actx)
@@ -500,7 +499,12 @@ func addActor(g *run.Group, ctx context.Context, log *slog.Logger, name string, 
 			log.Error("stopping: a part of meshd ended", "part", name, "error", err)
 		}
 		return err
-	}, func(error) { cancel() })
+	}, func(error) {
+		cancel()
+		for _, stop := range stops {
+			stop()
+		}
+	})
 }
 
 // work is the single worker: it waits for the caches, then reconciles
