@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -304,5 +306,79 @@ func TestRestoreKeepsPeersOfPartlyFailedReconcile(t *testing.T) {
 	}
 	if f.peer(t, cKey) == nil {
 		t.Fatal("restore after a restart removed c1's working peer: the persisted plan was the one before c1")
+	}
+}
+
+// TestSaveStateWritesOnlyChanges: a reconcile that changes neither the plan
+// nor the linked clusters' peers writes nothing (the file, removed after
+// the first writes, stays gone); a changed plan, or changed link peers
+// alone, is written, with the new content.
+func TestSaveStateWritesOnlyChanges(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, stateFileName)
+	f := newFakes(t, "a1",
+		testNode("a1", "a", "198.51.100.11", "10.42.1.0/24", wgtypes.Key{}),
+		testNode("b1", "b", "198.51.100.21", "10.42.2.0/24", newKey(t)))
+	f.rec.stateDir = dir
+	f.step(t)
+	f.step(t) // the node's own published annotations are in its cache now
+	written := func() *persistedState {
+		t.Helper()
+		s, err := loadState(dir, "a1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if written() == nil {
+		t.Fatal("nothing persisted")
+	}
+	for range 3 {
+		f.step(t)
+	}
+	if s := written(); s != nil {
+		t.Fatalf("unchanged reconciles rewrote the state (saved %v)", s.Saved)
+	}
+
+	c1 := newKey(t)
+	if _, err := f.kube.CoreV1().Nodes().Create(context.Background(), testNode("c1", "c", "198.51.100.31", "10.42.3.0/24", c1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.refresh(t)
+	f.step(t)
+	s := written()
+	if s == nil {
+		t.Fatal("a changed plan was not persisted")
+	}
+	if !slices.ContainsFunc(s.Plan.WireGuard.Peers, func(p mesh.WireGuardPeer) bool { return p.PublicKey == c1.PublicKey() }) {
+		t.Errorf("persisted plan has no peer for the new node: %+v", s.Plan.WireGuard.Peers)
+	}
+
+	// Links alone: the same plan (an equal copy), other link peers.
+	b, err := encodeState(&persistedState{Plan: f.rec.savedPlan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copied persistedState
+	if err := json.Unmarshal(b, &copied); err != nil {
+		t.Fatal(err)
+	}
+	plan := *copied.Plan
+	f.rec.saveState(&plan)
+	if s := written(); s != nil {
+		t.Fatal("an equal plan was written again")
+	}
+	f.rec.linkPeers = map[string][]mesh.Peer{"west": {{Name: "west-n1", PublicKey: newKey(t).PublicKey()}}}
+	f.rec.saveState(&plan)
+	s = written()
+	if s == nil || len(s.Links["west"]) != 1 || s.Links["west"][0].Name != "west-n1" {
+		t.Fatalf("changed link peers not persisted: %+v", s)
+	}
+	f.rec.saveState(&plan)
+	if s := written(); s != nil {
+		t.Fatal("unchanged link peers written again")
 	}
 }

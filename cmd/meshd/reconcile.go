@@ -83,8 +83,11 @@ type reconciler struct {
 	ready       atomic.Bool
 
 	// stateDir holds the last applied state (state.go); "" persists nothing.
-	stateDir   string
-	savedState []byte
+	stateDir string
+	// savedPlan and savedLinks are what was last persisted (nil: nothing
+	// yet); see saveState.
+	savedPlan  *mesh.Plan
+	savedLinks map[string][]mesh.Peer
 	restoredAt atomic.Pointer[time.Time] // when the restored state was saved
 	// linkPeers are the last known peers of every linked cluster, by link
 	// Secret name (persisted with the plan).

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -148,4 +150,110 @@ func TestDropCached(t *testing.T) {
 	if err := dropCached(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("no error for a missing file")
 	}
+}
+
+// TestTrimAdvisesRandom: every mapping TrimExecutable trims is advised
+// MADV_RANDOM afterwards ("rr" in its smaps VmFlags), so what faults back
+// comes a page at a time, not a read-ahead window.
+func TestTrimAdvisesRandom(t *testing.T) {
+	if _, err := TrimExecutable(); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := parseSmaps(smaps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := vmFlags(t, smaps)
+	n := 0
+	for _, m := range ms {
+		if !trimmable(m, exe) {
+			continue
+		}
+		n++
+		if !slices.Contains(flags[m.start], "rr") {
+			t.Errorf("mapping %x-%x %s: VmFlags %v, no rr (MADV_RANDOM)", m.start, m.end, m.path, flags[m.start])
+		}
+	}
+	if n == 0 {
+		t.Fatal("no trimmable mapping of the executable")
+	}
+}
+
+// TestRandomAdviceReadsOnePage: on this kernel, a fault in a mapping
+// advised MADV_RANDOM brings one page of an uncached file into the page
+// cache, and without the advice a read-ahead window: what the advice in
+// TrimExecutable is for.
+func TestRandomAdviceReadsOnePage(t *testing.T) {
+	dir := t.TempDir()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC { // no reads from a disk
+		t.Skipf("%s is on tmpfs", dir)
+	}
+	path := filepath.Join(dir, "file")
+	if err := os.WriteFile(path, make([]byte, 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	touch := func(advice int) int {
+		t.Helper()
+		if err := dropCached(path); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b, err := unix.Mmap(int(f.Fd()), 0, 4<<20, unix.PROT_READ, unix.MAP_PRIVATE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(b)
+		if err := unix.Madvise(b, advice); err != nil {
+			t.Fatal(err)
+		}
+		sink += b[2<<20] // one fault in the middle
+		return cachedPages(t, path)
+	}
+	random, normal := touch(unix.MADV_RANDOM), touch(unix.MADV_NORMAL)
+	t.Logf("pages cached after one fault: %d with MADV_RANDOM, %d without", random, normal)
+	if random != 1 || normal <= 1 {
+		t.Fatalf("pages cached after one fault: %d with MADV_RANDOM (want 1), %d without (want more)", random, normal)
+	}
+}
+
+// sink keeps TestRandomAdviceReadsOnePage's read from being optimised away.
+var sink byte
+
+// vmFlags maps each mapping's start address to its VmFlags.
+func vmFlags(t *testing.T, smaps []byte) map[uintptr][]string {
+	t.Helper()
+	out := map[uintptr][]string{}
+	var start uintptr
+	for line := range strings.Lines(string(smaps)) {
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) > 0 && fields[0] == "VmFlags:":
+			out[start] = fields[1:]
+		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			lo, _, _ := strings.Cut(fields[0], "-")
+			v, err := strconv.ParseUint(lo, 16, 64)
+			if err != nil {
+				t.Fatalf("smaps line %q: %v", line, err)
+			}
+			start = uintptr(v)
+		}
+	}
+	return out
 }
