@@ -175,15 +175,33 @@ func cleanupCommand() subcommand {
 // touched (package initialisation, the first reconcile) to the kernel
 // (procmem.TrimExecutable: unmapped, and dropped from the page cache):
 // 30-40 MB of resident memory that a node agent on every node would
-// otherwise keep. What runs again faults back in from the disk.
+// otherwise keep. What runs again faults back in from the disk, without
+// read-ahead for readAheadAfter; then with it again (see procmem).
 func trimStartupPages(log *slog.Logger) {
 	r, err := procmem.TrimExecutable()
+	attrs := []any{"resident_file_mb_before", r.ResidentBefore >> 20, "resident_file_mb_after", r.ResidentAfter >> 20, "page_cache_dropped", r.CacheDropped}
 	if err != nil {
-		log.Warn("returning the executable's start-up pages failed; nothing else is affected", "error", err)
+		log.Warn("returning the executable's start-up pages failed in part; nothing else is affected", append(attrs, "error", err)...)
+	} else {
+		log.Info("returned the executable's start-up pages", attrs...)
+	}
+	if r.Mappings == 0 {
 		return
 	}
-	log.Info("returned the executable's start-up pages", "resident_file_mb_before", r.ResidentBefore>>20, "resident_file_mb_after", r.ResidentAfter>>20, "page_cache_dropped", r.CacheDropped)
+	time.AfterFunc(readAheadAfter, func() {
+		if _, err := procmem.ReadAheadAgain(); err != nil {
+			log.Warn("restoring read-ahead for the executable's pages failed; nothing else is affected", "error", err)
+			return
+		}
+		log.Info("restored read-ahead for the executable's pages", "after", readAheadAfter)
+	})
 }
+
+// readAheadAfter is how long after the trim the executable's pages fault
+// back in one at a time (procmem.ReadAheadAgain): long enough for what
+// keeps running (resyncs, heartbeats, metrics, the garbage collector) to
+// have come back.
+const readAheadAfter = 10 * time.Minute
 
 // defaultGCPercent is the node daemon's GOGC unless the environment sets
 // one: the heap grows to 1.5 times what is live before a collection, not

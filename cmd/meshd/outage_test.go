@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -322,11 +323,18 @@ func TestSaveStateWritesOnlyChanges(t *testing.T) {
 	f.rec.stateDir = dir
 	f.step(t)
 	f.step(t) // the node's own published annotations are in its cache now
+	// written reads what was persisted (nil: nothing) and removes it. The
+	// plan on disk is what saveState encoded; the one it kept went through
+	// the rest of the reconcile (publishing, metrics, debug): it must not
+	// have changed, or a later equal-looking plan would not be written.
 	written := func() *persistedState {
 		t.Helper()
 		s, err := loadState(dir, "a1")
 		if err != nil {
 			t.Fatal(err)
+		}
+		if s != nil && !reflect.DeepEqual(s.Plan, f.rec.savedPlan) {
+			t.Errorf("the persisted plan was modified after it was written:\n%+v\nnow\n%+v", s.Plan, f.rec.savedPlan)
 		}
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Fatal(err)

@@ -165,7 +165,10 @@ type Local struct {
 	Candidates map[string]bool
 }
 
-// Plan is the desired state of one node.
+// Plan is the desired state of one node. Build makes every Plan afresh,
+// sharing nothing with its input or earlier Plans, and nothing modifies a
+// Plan once built: the daemon keeps the last one it persisted and compares
+// the next with it.
 type Plan struct {
 	// Location is the local node's location; Leader whether it leads it.
 	Location string

@@ -15,15 +15,23 @@
 // folios that copy has: a binary just written (an image layer just
 // unpacked) is cached in large folios, and Linux 6.18 maps a whole folio on
 // a fault, 43-45 MB of file pages at steady state where 27-30 MB come back
-// from the disk (docs/scale.md). The trimmed mappings are also advised
-// MADV_RANDOM: a fault then reads the one page it needs instead of the
-// device's read-ahead window (128 KB here), and since the kernel maps what
-// is cached around a faulting page (fault-around, 64 KB), the neighbours
-// that read-ahead brought in were mapped too. With the advice the pages
-// that come back are the ones used: 28-32 MB of file pages at steady state
-// instead of 36-39 (docs/scale.md). The price is a read per page the first
-// time a cold path runs. The process's resident set then holds what it
-// keeps using.
+// from the disk (docs/scale.md).
+//
+// What comes back from the disk came with the device's read-ahead window
+// (8 MB on this testbed's disk), and the kernel maps what is cached around
+// a faulting page (fault-around, 64 KB): every page used brought its
+// neighbours into the resident set. So TrimExecutable also advises the
+// trimmed mappings MADV_RANDOM: a fault in the read-only data (the type
+// and function tables the garbage collector reads, most of what comes
+// back) then reads the one page it needs. Linux 6.18 still reads ahead for
+// a mapping of code, with the advice about half as much. The advice is
+// meant for the start-up only: a mapping advised MADV_RANDOM also loses the
+// kernel's record of recent use when it reclaims memory, and a cold path
+// pays a read per page. ReadAheadAgain ends it (meshd does 10 minutes after
+// the trim), once what keeps running has come back; the pages stay
+// mapped. With the advice, the node daemon's file pages at steady state
+// are 28-32 MB instead of 36-39 (docs/scale.md). The process's resident
+// set then holds what it keeps using.
 //
 // Out of scope: the Go heap and stacks (the runtime's: GOGC, GOMEMLIMIT),
 // any writable or anonymous mapping (never touched: dropping one would
@@ -68,19 +76,11 @@ type mapping struct {
 }
 
 // TrimExecutable drops this process's mapped pages of its own executable's
-// read-only mappings that it never wrote (see the package doc). It never
-// touches a mapping that is writable or holds a private copy of a page.
+// read-only mappings that it never wrote (see the package doc), and advises
+// those mappings MADV_RANDOM until ReadAheadAgain. It never touches a
+// mapping that is writable or holds a private copy of a page.
 func TrimExecutable() (Result, error) {
-	exe, err := os.Readlink("/proc/self/exe")
-	if err != nil {
-		return Result{}, fmt.Errorf("finding the executable: %w", err)
-	}
-	exe = strings.TrimSuffix(exe, " (deleted)")
-	smaps, err := os.ReadFile("/proc/self/smaps")
-	if err != nil {
-		return Result{}, fmt.Errorf("reading the mappings: %w", err)
-	}
-	ms, err := parseSmaps(smaps)
+	ms, err := trimmableMappings()
 	if err != nil {
 		return Result{}, err
 	}
@@ -88,20 +88,17 @@ func TrimExecutable() (Result, error) {
 	r.ResidentBefore, _ = residentFile()
 	var errs []error
 	for _, m := range ms {
-		if !trimmable(m, exe) {
-			continue
-		}
 		// The addresses come from the kernel: a mapping of this process.
-		if _, _, e := unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, unix.MADV_DONTNEED); e != 0 {
-			errs = append(errs, fmt.Errorf("madvise %x-%x %s: %w", m.start, m.end, m.path, e))
+		if err := madvise(m, unix.MADV_DONTNEED); err != nil {
+			errs = append(errs, err)
 			continue
-		}
-		// What runs again comes back a page at a time (see the package doc).
-		if _, _, e := unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, unix.MADV_RANDOM); e != 0 {
-			errs = append(errs, fmt.Errorf("madvise random %x-%x %s: %w", m.start, m.end, m.path, e))
 		}
 		r.Mappings++
 		r.Bytes += uint64(m.end - m.start)
+		// What runs again comes back a page at a time (see the package doc).
+		if err := madvise(m, unix.MADV_RANDOM); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if r.Mappings > 0 {
 		if err := dropCached("/proc/self/exe"); err != nil {
@@ -112,6 +109,62 @@ func TrimExecutable() (Result, error) {
 	}
 	r.ResidentAfter, _ = residentFile()
 	return r, errors.Join(errs...)
+}
+
+// ReadAheadAgain ends TrimExecutable's MADV_RANDOM: the executable's
+// read-only mappings get the kernel's default advice back, so that the
+// pages they keep using count as recently used again when the kernel
+// reclaims memory (it ignores the accesses of a mapping advised
+// MADV_RANDOM), and a cold path faults in with read-ahead. It returns how
+// many mappings it advised.
+func ReadAheadAgain() (int, error) {
+	ms, err := trimmableMappings()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, m := range ms {
+		if err := madvise(m, unix.MADV_NORMAL); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// trimmableMappings are this process's mappings of its own executable that
+// TrimExecutable may trim (trimmable).
+func trimmableMappings() ([]mapping, error) {
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		return nil, fmt.Errorf("finding the executable: %w", err)
+	}
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return nil, fmt.Errorf("reading the mappings: %w", err)
+	}
+	ms, err := parseSmaps(smaps)
+	if err != nil {
+		return nil, err
+	}
+	out := ms[:0]
+	for _, m := range ms {
+		if trimmable(m, exe) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// madvise gives advice on the whole of m.
+func madvise(m mapping, advice int) error {
+	if _, _, e := unix.Syscall(unix.SYS_MADVISE, m.start, m.end-m.start, uintptr(advice)); e != 0 {
+		return fmt.Errorf("madvise(%d) %x-%x %s: %w", advice, m.start, m.end, m.path, e)
+	}
+	return nil
 }
 
 // dropCached drops path's pages that no process maps from the page cache
