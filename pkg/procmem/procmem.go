@@ -63,8 +63,8 @@ type Result struct {
 	CacheDropped bool
 }
 
-// mapping is one line of /proc/self/smaps with the fields TrimExecutable
-// reads.
+// mapping is one mapping of /proc/self/smaps with the fields TrimExecutable
+// reads, and its VmFlags.
 type mapping struct {
 	start, end  uintptr
 	perms, path string
@@ -73,6 +73,9 @@ type mapping struct {
 	// page written to disk late, a freshly built binary's, is Private_Dirty
 	// without being anonymous: it stays in the page cache.)
 	anon uint64
+	// flags is VmFlags: among others, the advice the mapping has (rr:
+	// MADV_RANDOM).
+	flags []string
 }
 
 // TrimExecutable drops this process's mapped pages of its own executable's
@@ -214,8 +217,11 @@ func parseSmaps(b []byte) ([]mapping, error) {
 			continue
 		}
 		m := &out[len(out)-1]
-		if f[0] == "Anonymous:" {
+		switch f[0] {
+		case "Anonymous:":
 			m.anon, _ = strconv.ParseUint(f[1], 10, 64)
+		case "VmFlags:":
+			m.flags = f[1:]
 		}
 	}
 	return out, s.Err()

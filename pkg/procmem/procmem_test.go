@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"unsafe"
 
@@ -192,14 +190,12 @@ func advisedRandom(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	smaps, err := os.ReadFile("/proc/self/smaps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	flags := vmFlags(t, smaps)
 	out := map[string]bool{}
 	for _, m := range ms {
-		out[fmt.Sprintf("%x-%x %s", m.start, m.end, m.path)] = slices.Contains(flags[m.start], "rr")
+		if m.flags == nil {
+			t.Fatalf("mapping %x-%x %s: no VmFlags read", m.start, m.end, m.path)
+		}
+		out[fmt.Sprintf("%x-%x %s", m.start, m.end, m.path)] = slices.Contains(m.flags, "rr")
 	}
 	return out
 }
@@ -257,25 +253,3 @@ func TestRandomAdviceReadsOnePage(t *testing.T) {
 
 // sink keeps TestRandomAdviceReadsOnePage's read from being optimised away.
 var sink byte
-
-// vmFlags maps each mapping's start address to its VmFlags.
-func vmFlags(t *testing.T, smaps []byte) map[uintptr][]string {
-	t.Helper()
-	out := map[uintptr][]string{}
-	var start uintptr
-	for line := range strings.Lines(string(smaps)) {
-		fields := strings.Fields(line)
-		switch {
-		case len(fields) > 0 && fields[0] == "VmFlags:":
-			out[start] = fields[1:]
-		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
-			lo, _, _ := strings.Cut(fields[0], "-")
-			v, err := strconv.ParseUint(lo, 16, 64)
-			if err != nil {
-				t.Fatalf("smaps line %q: %v", line, err)
-			}
-			start = uintptr(v)
-		}
-	}
-	return out
-}
