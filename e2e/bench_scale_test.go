@@ -88,6 +88,9 @@ func sinceLastCreate(d time.Duration) string {
 // talked to them publishes: meshd publishes at most 64 besides those of
 // nodes behind NAT; earlier versions one per peer it talked to, up to
 // BENCH_NODES-1; 0: none),
+// BENCH_LAZY (empty: meshd's default --wireguard-lazy-peers=auto, lazy in
+// a full mesh of more than 256 peers; 1: --wireguard-lazy-peers; 0:
+// --wireguard-lazy-peers=false),
 // BENCH_MESHD (another meshd binary, e.g. an older build, to compare),
 // BENCH_LOG_LEVEL (meshd's --log-level, default info as in the DaemonSet),
 // BENCH_OUT (a file the summary is appended to), BENCH_PROFILE (a
@@ -117,10 +120,13 @@ type benchConfig struct {
 	// discovered: how many discovered endpoints each fake publishes in
 	// full mesh (BENCH_FAKE_DISCOVERED).
 	discovered int
-	// lazy: meshd runs with --wireguard-lazy-peers (BENCH_LAZY=1); the
-	// peer sets are then read from meshd's /debug/meshd, since the device
-	// holds only the peers with traffic.
-	lazy bool
+	// lazy: BENCH_LAZY; empty leaves --wireguard-lazy-peers at its
+	// default (auto), 1 turns it on, 0 off.
+	lazy string
+	// debugPeers (set per mode): the device holds only the peers with
+	// traffic (lazy on, or auto in a full mesh of more than 256 peers), so
+	// the peer sets are read from meshd's /debug/meshd.
+	debugPeers bool
 }
 
 func benchConfigFromEnv(t *testing.T) benchConfig {
@@ -156,7 +162,7 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 		out:       os.Getenv("BENCH_OUT"),
 		profile:   os.Getenv("BENCH_PROFILE"),
 		silent:    os.Getenv("BENCH_SILENT_FAKES") == "1",
-		lazy:      os.Getenv("BENCH_LAZY") == "1",
+		lazy:      os.Getenv("BENCH_LAZY"),
 		// What meshd publishes at most for peers not behind NAT
 		// (convert.DiscoveredLimit).
 		discovered: num("BENCH_FAKE_DISCOVERED", 64),
@@ -169,6 +175,9 @@ func benchConfigFromEnv(t *testing.T) benchConfig {
 	c.burst = min(num("BENCH_BURST", 500), fakes/2)
 	if c.locations < 2 {
 		c.locations = 2
+	}
+	if c.lazy != "" && c.lazy != "0" && c.lazy != "1" {
+		t.Fatalf("BENCH_LAZY=%q: want 0, 1 or nothing (meshd's default, auto)", c.lazy)
 	}
 	for _, m := range c.modes {
 		if m != "full" && m != "location" {
@@ -210,9 +219,21 @@ func benchScale(t *testing.T, cfg benchConfig, mode string) {
 	if cfg.profile != "" {
 		args = append(args, "--debug-pprof", benchPprofAddr)
 	}
-	if cfg.lazy {
+	// meshd's --wireguard-lazy-peers=auto is lazy above 256 peers
+	// (cmd/meshd's lazyPeersAutoAbove).
+	switch cfg.lazy {
+	case "1":
 		args = append(args, "--wireguard-lazy-peers")
 		rep.title += ", --wireguard-lazy-peers"
+		cfg.debugPeers = true
+	case "0":
+		args = append(args, "--wireguard-lazy-peers=false")
+		rep.title += ", --wireguard-lazy-peers=false"
+	default:
+		cfg.debugPeers = mode == "full" && cfg.nodes-1 > 256
+		if cfg.debugPeers {
+			rep.title += ", lazy peers (auto)"
+		}
 	}
 
 	hb, err := tb.StartFakeHeartbeats(ctx, 10*time.Second)
@@ -690,7 +711,7 @@ func benchWaitPeers(t *testing.T, ctx context.Context, cfg benchConfig, nodes []
 // UAPI, or with lazy peers from meshd's /debug/meshd, which lists every
 // configured peer (the device holds the active ones only).
 func (c benchConfig) peers(ctx context.Context, n *testbed.Node) (map[string]string, error) {
-	if !c.lazy {
+	if !c.debugPeers {
 		return uapiPeers(n)
 	}
 	code, body, err := n.HTTPGet(ctx, "http://127.0.0.1:9477/debug/meshd")

@@ -30,8 +30,9 @@ type config struct {
 	TopologyLabel string
 	StateDir      string
 	WireGuard     string
-	// LazyPeers keeps idle peers out of an in-process device (wg.Options).
-	LazyPeers      bool
+	// LazyPeers keeps idle peers out of an in-process device (wg.Options):
+	// auto (with more than lazyPeersAutoAbove peers), true or false.
+	LazyPeers      lazyPeersMode
 	MTU            string
 	ResyncPeriod   time.Duration
 	Listen         string
@@ -59,6 +60,45 @@ type config struct {
 	DebugPprof string
 }
 
+// lazyPeersMode is --wireguard-lazy-peers: auto, true or false.
+type lazyPeersMode string
+
+const (
+	lazyPeersAuto lazyPeersMode = "auto"
+	// lazyPeersAutoAbove is how many peers an in-process device holds
+	// before auto makes it lazy: about 12 MB of wireguard-go's per-peer
+	// state, and more peers than a location mesh or a small full mesh has.
+	lazyPeersAutoAbove = 256
+)
+
+func (m *lazyPeersMode) String() string { return string(*m) }
+
+func (m *lazyPeersMode) Type() string { return "mode" }
+
+func (m *lazyPeersMode) Set(s string) error {
+	if strings.EqualFold(s, string(lazyPeersAuto)) {
+		*m = lazyPeersAuto
+		return nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("%q is none of auto, true and false", s)
+	}
+	*m = lazyPeersMode(strconv.FormatBool(b))
+	return nil
+}
+
+// options is the mode as wg.Options' LazyPeers and LazyPeersAbove.
+func (m lazyPeersMode) options() (lazy bool, above int) {
+	switch m {
+	case "false":
+		return false, 0
+	case lazyPeersAuto:
+		return true, lazyPeersAutoAbove
+	}
+	return true, 0
+}
+
 // defaultHostname is $NODE_NAME, then the host name.
 func defaultHostname() string {
 	if n := os.Getenv("NODE_NAME"); n != "" {
@@ -83,7 +123,9 @@ func newFlagSet(c *config) *pflag.FlagSet {
 	fs.StringVar(&c.TopologyLabel, "topology-label", "topology.kubernetes.io/region", "Node label that gives a node's location (the meshd.io/location annotation wins)")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/meshd", "directory for the WireGuard private key and state (mode 0700)")
 	fs.StringVar(&c.WireGuard, "wireguard", string(wg.ModeAuto), "WireGuard implementation: auto (adopt an existing interface, else kernel, else built-in userspace), kernel or userspace")
-	fs.BoolVar(&c.LazyPeers, "wireguard-lazy-peers", false, "built-in userspace WireGuard only: keep a peer out of the device until a packet for it or its handshake arrives, and take it out after 5 minutes without traffic; saves about 45 KB per idle peer (a large full mesh, docs/scale.md). `wg show` then lists only the active peers, and the first packet to an idle peer waits for a handshake")
+	c.LazyPeers = lazyPeersAuto
+	fs.Var(&c.LazyPeers, "wireguard-lazy-peers", fmt.Sprintf("built-in userspace WireGuard only: auto, true or false. Lazy, the device holds a peer only once a packet for it or its handshake arrives, and drops it after 5 minutes without traffic: about 45 KB less per idle peer (a large full mesh, docs/scale.md), but wg show lists only the active peers and the first packet to an idle peer waits for a handshake. auto is lazy while more than %d peers are configured; true always; false never", lazyPeersAutoAbove))
+	fs.Lookup("wireguard-lazy-peers").NoOptDefVal = "true"
 	fs.StringVar(&c.MTU, "mtu", "auto", "MTU of the WireGuard interface; auto = underlay MTU minus the WireGuard overhead (80)")
 	fs.DurationVar(&c.ResyncPeriod, "resync-period", 30*time.Second, "how often the full state is reconciled even without changes (repairs drift)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:9477", "address for /metrics, /healthz, /readyz and the debug state /debug/meshd read by meshctl diagnose and check (the manifests use the node's own address, status.hostIP; never every address of a host with a public one)")

@@ -131,7 +131,8 @@ func newDaemon(c *config, opts mesh.Options, log *slog.Logger) (*daemon, error) 
 // openExecutors opens the WireGuard interface, netlink and iptables.
 func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (executors, error) {
 	c, log := d.cfg, d.log
-	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log, LazyPeers: c.LazyPeers})
+	lazy, lazyAbove := c.LazyPeers.options()
+	dev, err := wg.NewManager(context.Background(), wg.Options{Name: c.Interface, Mode: wg.Mode(c.WireGuard), MTU: mtu, Logger: log, LazyPeers: lazy, LazyPeersAbove: lazyAbove})
 	if err != nil {
 		return executors{}, fmt.Errorf("opening WireGuard interface %s: %w", c.Interface, err)
 	}
@@ -155,7 +156,7 @@ func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (exe
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
 	}
 	d.reg.MustRegister(writes, lazyPeerMetrics(dev.LazyStats))
-	if c.LazyPeers && dev.Kind() != wg.KindUserspaceInProcess {
+	if c.LazyPeers == "true" && dev.Kind() != wg.KindUserspaceInProcess {
 		log.Warn("--wireguard-lazy-peers applies to the built-in userspace device only; every peer stays in this one", "kind", dev.Kind())
 	}
 	d.device, d.routes = dev, routes

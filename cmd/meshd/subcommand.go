@@ -40,6 +40,8 @@ func (s subcommand) main(args []string, stderr io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		// pflag prints nothing itself with ContinueOnError.
+		fmt.Fprintf(stderr, "%s: %v (see %s --help)\n", s.name, err, s.name)
 		return 2
 	}
 	if s.flags.NArg() > 0 {

@@ -123,9 +123,18 @@ func TestSubcommandBadFlags(t *testing.T) {
 		{"link", []string{"--lease-name", ""}, "--lease-name is empty"},
 		{"link", []string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
 		{"link", []string{"extra"}, `unexpected argument "extra"`},
+		// Values the flag parser refuses (the node daemon: sub "").
+		{"", []string{"--wireguard-lazy-peers=maybe"}, `meshd: invalid argument "maybe" for "--wireguard-lazy-peers" flag: "maybe" is none of auto, true and false`},
+		{"", []string{"--port", "abc"}, `meshd: invalid argument "abc" for "--port" flag`},
+		{"cleanup", []string{"--bogus"}, "meshd cleanup: unknown flag: --bogus"},
+		{"dns", []string{"--ttl", "soon"}, `meshd dns: invalid argument "soon" for "--ttl" flag`},
 	} {
 		var errb bytes.Buffer
-		if code := realMain(append([]string{tc.sub}, tc.args...), &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), tc.want) {
+		args := tc.args
+		if tc.sub != "" {
+			args = append([]string{tc.sub}, tc.args...)
+		}
+		if code := realMain(args, &bytes.Buffer{}, &errb); code != 2 || !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("meshd %s %q: exit %d, stderr %q; want 2 and %q", tc.sub, tc.args, code, errb.String(), tc.want)
 		}
 	}

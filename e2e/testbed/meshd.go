@@ -40,6 +40,7 @@ func (n *Node) MeshdArgs(extra ...string) []string {
 	if m := WireGuardMode(); m != "" {
 		args = append(args, "--wireguard", m)
 	}
+	args = append(args, strings.Fields(os.Getenv("E2E_MESHD_ARGS"))...)
 	return append(args, extra...)
 }
 

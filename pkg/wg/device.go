@@ -43,6 +43,7 @@ type Device struct {
 	inproc      *userspace
 	createdLink bool
 	lazyPeers   bool       // Options.LazyPeers
+	lazyAbove   int        // Options.LazyPeersAbove
 	lazy        *lazyPeers // an in-process device's lazy-peer layer; nil if none
 
 	mu     sync.Mutex
@@ -208,7 +209,7 @@ func Open(ctx context.Context, opts Options) (_ *Device, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
-	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}, lazyPeers: opts.LazyPeers}
+	d := &Device{name: name, mtu: opts.MTU, log: log, handle: h, links: netlinkOps{h}, last: map[wgtypes.Key]netip.AddrPort{}, lazyPeers: opts.LazyPeers, lazyAbove: opts.LazyPeersAbove}
 	defer func() {
 		if err != nil {
 			d.abandon()
@@ -329,7 +330,7 @@ func (d *Device) create(ns netns.NsHandle, mode Mode) error {
 		d.log.Info("kernel WireGuard unavailable; using the userspace implementation in-process", "reason", err)
 	}
 	if d.lazyPeers {
-		d.lazy = newLazyPeers(d.name, d.log)
+		d.lazy = newLazyPeers(d.name, d.log, d.lazyAbove)
 	}
 	u, err := startUserspace(ns, d.name, d.mtu, true, d.lazy, d.log)
 	if err != nil {
@@ -338,7 +339,7 @@ func (d *Device) create(ns netns.NsHandle, mode Mode) error {
 	d.writes.Add(1)
 	d.inproc = u
 	d.kind = KindUserspaceInProcess
-	d.log.Info("started in-process userspace WireGuard device", "socket", socketPath(d.name), "lazyPeers", d.lazy != nil)
+	d.log.Info("started in-process userspace WireGuard device", "socket", socketPath(d.name), "lazyPeers", d.lazy != nil, "lazyAbove", d.lazyAbove)
 	return nil
 }
 

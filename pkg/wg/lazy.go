@@ -2,6 +2,7 @@ package wg
 
 import (
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -43,6 +44,16 @@ import (
 // handshake. A peer with a persistent keepalive is never lazy: the
 // keepalive is there to hold a NAT mapping open (trimIdle puts back one
 // missing from the device).
+//
+// With a threshold (Options.LazyPeersAbove, newLazyPeers' above) the layer
+// is lazy only while more peers than that are configured. Up to it, it is
+// eager: every configured peer is in the device, each write is forwarded as
+// it comes (a created peer's first handshake is nudged as without the
+// layer), a device read reports the device as it is (a peer removed by
+// hand is missing, and the next Set puts it back), and neither the trim nor
+// the initiation check runs. Crossing the threshold upwards changes nothing
+// at once: the peers then idle leave the device at the next trims.
+// Crossing it downwards puts every idle peer back in the write that did.
 //
 // The rest of the package does not see the difference: lazyPeers is the
 // Device's Client, whose Device read lists every configured peer (the ones
@@ -111,6 +122,10 @@ type lazyPeers struct {
 	mu    sync.Mutex
 	peers map[wgtypes.Key]*lazyPeer
 	priv  wgtypes.Key
+	// above is the threshold (0: none, always lazy); eager whether at
+	// most above peers are configured now.
+	above int
+	eager bool
 
 	// The last initiation timestamp seen from each configured peer (see
 	// inbound); tsMu is only ever held for a map access.
@@ -132,6 +147,7 @@ type lazyView struct {
 	lens  [2][]int                     // prefix lengths in owner, longest first: IPv4, IPv6
 	idle  map[wgtypes.Key]bool         // every configured peer: whether it is out of the device
 	nIdle int
+	eager bool // lazyPeers.eager: every peer is in the device, inbound checks nothing
 }
 
 type lazyRequest struct {
@@ -139,9 +155,11 @@ type lazyRequest struct {
 	done chan struct{}
 }
 
-func newLazyPeers(name string, log *slog.Logger) *lazyPeers {
+// newLazyPeers returns the layer for device name; with above > 0 it is lazy
+// only while more than above peers are configured.
+func newLazyPeers(name string, log *slog.Logger, above int) *lazyPeers {
 	l := &lazyPeers{
-		name: name, log: log, idleAfter: lazyIdleAfter, now: time.Now,
+		name: name, log: log, idleAfter: lazyIdleAfter, now: time.Now, above: max(above, 0), eager: above > 0,
 		peers: map[wgtypes.Key]*lazyPeer{}, lastTS: map[wgtypes.Key]initiation.Timestamp{},
 		reqs: make(chan lazyRequest), stop: make(chan struct{}),
 		checks: rate.NewLimiter(lazyChecksPerSecond, lazyChecksBurst),
@@ -182,6 +200,9 @@ func (l *lazyPeers) Device(name string) (*wgtypes.Device, error) {
 	}
 	if l.syncPresent(cur.Peers) {
 		l.publish(false)
+	}
+	if l.eager {
+		return cur, nil // every peer belongs in the device: a missing one is drift
 	}
 	for _, k := range slices.SortedFunc(func(yield func(wgtypes.Key) bool) {
 		for k, p := range l.peers {
@@ -224,7 +245,7 @@ func (l *lazyPeers) setActive(p *lazyPeer, on bool, now time.Time) {
 // publish makes the packet paths see the peers as they are now; with
 // routes false, the allowed IPs are those of the last publish.
 func (l *lazyPeers) publish(routes bool) {
-	v := &lazyView{idle: make(map[wgtypes.Key]bool, len(l.peers))}
+	v := &lazyView{idle: make(map[wgtypes.Key]bool, len(l.peers)), eager: l.eager}
 	for k, p := range l.peers {
 		v.idle[k] = !p.active
 		if !p.active {
@@ -269,6 +290,7 @@ func (l *lazyPeers) setKey(k wgtypes.Key) {
 func (l *lazyPeers) ConfigureDevice(name string, cfg wgtypes.Config) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.setEager(l.countAfter(cfg))
 	out, joined := l.record(cfg)
 	defer l.publish(true)
 	var err error
@@ -288,8 +310,54 @@ func (l *lazyPeers) ConfigureDevice(name string, cfg wgtypes.Config) error {
 	return err
 }
 
+// countAfter is how many peers are configured once cfg is applied.
+func (l *lazyPeers) countAfter(cfg wgtypes.Config) int {
+	n := len(l.peers)
+	if cfg.ReplacePeers {
+		n = 0
+	}
+	present := map[wgtypes.Key]bool{} // the peers cfg names, as it goes
+	for _, pc := range cfg.Peers {
+		in, ok := present[pc.PublicKey]
+		if !ok {
+			in = !cfg.ReplacePeers && l.peers[pc.PublicKey] != nil
+		}
+		switch {
+		case pc.Remove:
+			if in {
+				n--
+			}
+			in = false
+		case pc.UpdateOnly: // creates nothing (and is not recorded when new)
+		case !in:
+			n++
+			in = true
+		}
+		present[pc.PublicKey] = in
+	}
+	return n
+}
+
+// setEager makes the layer eager or lazy for n configured peers (see
+// above), and logs a change.
+func (l *lazyPeers) setEager(n int) {
+	eager := l.above > 0 && n <= l.above
+	if eager == l.eager {
+		return
+	}
+	l.eager = eager
+	if eager {
+		l.log.Info("lazy WireGuard peers off: every peer is in the device", "peers", n, "lazyAbove", l.above)
+	} else {
+		l.log.Info("lazy WireGuard peers on: a peer without traffic for 5 minutes leaves the device", "peers", n, "lazyAbove", l.above)
+	}
+}
+
 // record applies cfg to the recorded peers and returns what to forward to
-// the device, and the idle peers that forwarding puts into it.
+// the device, and the idle peers that forwarding puts into it. When eager,
+// a new peer is active from the start (its entries are forwarded as they
+// are), an idle one touched is put in whole at its first entry, and so is
+// every other idle one.
 func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 	out := wgtypes.Config{PrivateKey: cfg.PrivateKey, ListenPort: cfg.ListenPort, FirewallMark: cfg.FirewallMark, ReplacePeers: cfg.ReplacePeers}
 	if cfg.ReplacePeers {
@@ -319,14 +387,26 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 			p = &lazyPeer{active: true, seen: l.now()} // re-created: back into the device
 			l.peers[pc.PublicKey] = p
 		case p == nil:
-			p = &lazyPeer{}
+			p = &lazyPeer{active: l.eager, seen: l.now()}
 			l.peers[pc.PublicKey] = p
 		}
 		p.apply(pc)
-		if p.active {
+		switch {
+		case p.active:
 			out.Peers = append(out.Peers, pc)
-		} else {
+		case l.eager:
+			out.Peers = append(out.Peers, p.config(pc.PublicKey))
+			l.setActive(p, true, l.now())
+		default:
 			idleTouched = append(idleTouched, pc.PublicKey)
+		}
+	}
+	if l.eager {
+		for _, k := range slices.SortedFunc(maps.Keys(l.peers), compareKeys) {
+			if p := l.peers[k]; !p.active {
+				out.Peers = append(out.Peers, p.config(k))
+				l.setActive(p, true, l.now())
+			}
 		}
 	}
 	var joined []*lazyPeer
@@ -465,6 +545,9 @@ func packetDst(pkt []byte) (netip.Addr, bool) {
 // a replay of an initiation it had sent while in would otherwise be
 // accepted by the device, which forgot it.
 func (l *lazyPeers) inbound(bufs [][]byte, sizes []int) {
+	if l.view.Load().eager {
+		return
+	}
 	var deadline time.Time
 	gaveUp := false
 	for i := range sizes {
@@ -566,6 +649,9 @@ func (l *lazyPeers) trimIdle() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pruneTimestamps()
+	if l.eager {
+		return nil // every peer stays in; a missing one is the next Set's
+	}
 	cur, err := l.inner.Device(l.name)
 	if err != nil {
 		return err

@@ -3,9 +3,11 @@ package wg
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"reflect"
 	"runtime"
 	"slices"
 	"testing"
@@ -29,12 +31,16 @@ type lazyPair struct {
 	own              wgtypes.Key
 }
 
-func newLazyPair(t *testing.T, keys int) *lazyPair {
+func newLazyPair(t *testing.T, keys int) *lazyPair { return newLazyPairAbove(t, keys, 0) }
+
+// newLazyPairAbove is newLazyPair with a lazyPeers lazy only above peers
+// (Options.LazyPeersAbove).
+func newLazyPairAbove(t *testing.T, keys, above int) *lazyPair {
 	t.Helper()
 	p := &lazyPair{eagerFake: NewFakeClient(), inner: NewFakeClient(), now: time.Unix(1_700_000_000, 0)}
 	p.eagerFake.AddDevice("wg0")
 	p.inner.AddDevice("wg0")
-	p.l = newLazyPeers("wg0", testLogger(t))
+	p.l = newLazyPeers("wg0", testLogger(t), above)
 	p.l.now = func() time.Time { return p.now }
 	p.l.start(p.inner)
 	t.Cleanup(p.l.close)
@@ -163,6 +169,9 @@ func (p *lazyPair) check(t *testing.T, step string) {
 	if p.l.stats().Idle != idle {
 		t.Fatalf("%s: idle count %d, want %d", step, p.l.stats().Idle, idle)
 	}
+	if wantEager := p.l.above > 0 && len(got) <= p.l.above; p.l.eager != wantEager || (p.l.eager && idle > 0) {
+		t.Fatalf("%s: %d peers, lazy above %d: eager %v with %d idle; want eager %v and none idle when eager", step, len(got), p.l.above, p.l.eager, idle, wantEager)
+	}
 }
 
 func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
@@ -182,50 +191,81 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 // peers and through a plain one: the lazy Device reads back what the plain
 // one has, its device holds exactly the active peers as configured, and a
 // peer with a persistent keepalive is always in it.
+//
+// Each seed runs three times: always lazy, lazy only above 4 peers (the
+// random configs have 0 to 8, so the layer turns eager and lazy again), and
+// above 100 (always eager).
 func TestLazyPeersMatchEager(t *testing.T) {
+	var flips [2]int // above 4: to eager, to lazy
 	for seed := range uint64(40) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(seed, 7))
-			p := newLazyPair(t, 8)
-			for step := range 30 {
-				cfg := p.randomConfig(r)
-				mustSet(t, p.eager, cfg)
-				mustSet(t, p.lazy, cfg)
-				p.check(t, fmt.Sprintf("step %d set", step))
-				if w := p.lazy.Writes(); step > 0 && w > p.eager.Writes() {
-					t.Fatalf("step %d: lazy device written %d times, the eager one %d", step, w, p.eager.Writes())
+		for _, above := range []int{0, 4, 100} {
+			t.Run(fmt.Sprintf("%d/above-%d", seed, above), func(t *testing.T) {
+				toEager, toLazy := replayLazy(t, seed, above)
+				if above == 4 {
+					flips[0] += toEager
+					flips[1] += toLazy
+				} else if toEager+toLazy > 0 {
+					t.Fatalf("lazy above %d: turned eager %d times, lazy %d", above, toEager, toLazy)
 				}
-				// Traffic to some peers puts them in.
-				for _, k := range p.keys {
-					if r.IntN(3) == 0 {
-						p.l.activate(k)
-					}
-				}
-				p.check(t, fmt.Sprintf("step %d activated", step))
-				// Some active peers see traffic or roam; time passes;
-				// idle ones are trimmed.
-				inner, _ := p.inner.Device("wg0")
-				for _, c := range inner.Peers {
-					switch r.IntN(4) {
-					case 0:
-						p.inner.SetReceived("wg0", c.PublicKey, c.ReceiveBytes+100)
-					case 1:
-						ep := &net.UDPAddr{IP: net.IPv4(198, 51, 100, byte(1+r.IntN(9))), Port: 4000}
-						p.inner.SetEndpoint("wg0", c.PublicKey, ep)
-						p.eagerFake.SetEndpoint("wg0", c.PublicKey, ep)
-					}
-				}
-				if err := p.lazy.trimIdle(); err != nil {
-					t.Fatal(err)
-				}
-				p.now = p.now.Add(time.Duration(r.IntN(4)) * 2 * time.Minute)
-				if err := p.lazy.trimIdle(); err != nil {
-					t.Fatal(err)
-				}
-				p.check(t, fmt.Sprintf("step %d trimmed", step))
-			}
-		})
+			})
+		}
 	}
+	t.Logf("lazy above 4: turned eager %d times, lazy %d times", flips[0], flips[1])
+	if flips[0] == 0 || flips[1] == 0 {
+		t.Fatalf("lazy above 4: turned eager %d times and lazy %d times over the seeds; the replay does not cross the threshold both ways", flips[0], flips[1])
+	}
+}
+
+// replayLazy is one seed of TestLazyPeersMatchEager; it returns how often
+// the layer turned eager and lazy.
+func replayLazy(t *testing.T, seed uint64, above int) (toEager, toLazy int) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	p := newLazyPairAbove(t, 8, above)
+	for step := range 30 {
+		cfg := p.randomConfig(r)
+		mustSet(t, p.eager, cfg)
+		was := p.l.eager
+		mustSet(t, p.lazy, cfg)
+		switch {
+		case p.l.eager && !was:
+			toEager++
+		case was && !p.l.eager:
+			toLazy++
+		}
+		p.check(t, fmt.Sprintf("step %d set", step))
+		if w := p.lazy.Writes(); step > 0 && w > p.eager.Writes() {
+			t.Fatalf("step %d: lazy device written %d times, the eager one %d", step, w, p.eager.Writes())
+		}
+		// Traffic to some peers puts them in.
+		for _, k := range p.keys {
+			if r.IntN(3) == 0 {
+				p.l.activate(k)
+			}
+		}
+		p.check(t, fmt.Sprintf("step %d activated", step))
+		// Some active peers see traffic or roam; time passes;
+		// idle ones are trimmed.
+		inner, _ := p.inner.Device("wg0")
+		for _, c := range inner.Peers {
+			switch r.IntN(4) {
+			case 0:
+				p.inner.SetReceived("wg0", c.PublicKey, c.ReceiveBytes+100)
+			case 1:
+				ep := &net.UDPAddr{IP: net.IPv4(198, 51, 100, byte(1+r.IntN(9))), Port: 4000}
+				p.inner.SetEndpoint("wg0", c.PublicKey, ep)
+				p.eagerFake.SetEndpoint("wg0", c.PublicKey, ep)
+			}
+		}
+		if err := p.lazy.trimIdle(); err != nil {
+			t.Fatal(err)
+		}
+		p.now = p.now.Add(time.Duration(r.IntN(4)) * 2 * time.Minute)
+		if err := p.lazy.trimIdle(); err != nil {
+			t.Fatal(err)
+		}
+		p.check(t, fmt.Sprintf("step %d trimmed", step))
+	}
+	return toEager, toLazy
 }
 
 // TestLazyPeersTrim: an active peer leaves the device only after
@@ -684,5 +724,67 @@ func TestRootLazyPeersRebindUnderInitiations(t *testing.T) {
 	<-done
 	if st, _ := b.dev.LazyStats(); st.Activations != 1 || st.Idle != 1 {
 		t.Fatalf("lazy stats %+v: want a put in once, the other peer idle", st)
+	}
+}
+
+// TestLazyPeersEagerBelowThreshold: at or below LazyPeersAbove peers the
+// layer forwards every write exactly as a plain device gets it (created
+// peers' first handshakes nudged and awaited alike), a peer removed from
+// the device by hand reads as missing and the next Set puts it back, the
+// trim neither reads nor writes the device, and initiations are not read.
+func TestLazyPeersEagerBelowThreshold(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	p := newLazyPairAbove(t, 6, 6)
+	same := func(step string) {
+		t.Helper()
+		if !reflect.DeepEqual(p.inner.Configs, p.eagerFake.Configs) {
+			t.Fatalf("%s: forwarded\n%+v\nthe plain device got\n%+v", step, p.inner.Configs, p.eagerFake.Configs)
+		}
+		if !slices.Equal(slices.SortedFunc(maps.Keys(p.lazy.pending), compareKeys), slices.SortedFunc(maps.Keys(p.eager.pending), compareKeys)) {
+			t.Fatalf("%s: awaiting handshakes of %d peers, the plain device %d", step, len(p.lazy.pending), len(p.eager.pending))
+		}
+		p.check(t, step)
+	}
+	for step := range 20 {
+		cfg := p.randomConfig(r)
+		mustSet(t, p.eager, cfg)
+		mustSet(t, p.lazy, cfg)
+		same(fmt.Sprintf("step %d", step))
+	}
+	cfg := p.randomConfig(r)
+	for len(cfg.Peers) < 2 {
+		cfg = p.randomConfig(r)
+	}
+	mustSet(t, p.eager, cfg)
+	mustSet(t, p.lazy, cfg)
+	gone := cfg.Peers[1].PublicKey
+	for _, c := range []*FakeClient{p.inner, p.eagerFake} {
+		if err := c.ConfigureDevice("wg0", wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: gone, Remove: true}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	view, err := p.l.Device("wg0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(view.Peers, func(c wgtypes.Peer) bool { return c.PublicKey == gone }) {
+		t.Fatal("a peer removed by hand still reads as configured")
+	}
+	mustSet(t, p.eager, cfg)
+	mustSet(t, p.lazy, cfg)
+	same("after a peer was removed by hand")
+
+	reads, writes := p.inner.DeviceCalls, len(p.inner.Configs)
+	p.now = p.now.Add(time.Hour)
+	if err := p.lazy.trimIdle(); err != nil {
+		t.Fatal(err)
+	}
+	if p.inner.DeviceCalls != reads || len(p.inner.Configs) != writes {
+		t.Fatalf("the trim read the device %d times and wrote it %d times", p.inner.DeviceCalls-reads, len(p.inner.Configs)-writes)
+	}
+	msg := initiationtest.Capture(t, privKey(t), p.own)
+	p.l.inbound([][]byte{msg}, []int{len(msg)})
+	if p.l.checks.Tokens() < lazyChecksBurst-0.5 {
+		t.Fatal("an initiation was checked while every peer is in the device")
 	}
 }

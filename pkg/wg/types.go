@@ -64,6 +64,10 @@ type Options struct {
 	// traffic out of it (see lazyPeers); it does nothing for a kernel or
 	// external userspace device.
 	LazyPeers bool
+	// LazyPeersAbove, with LazyPeers, makes the device lazy only while
+	// more than this many peers are configured: up to it, every peer is in
+	// the device, as without LazyPeers. 0: always lazy.
+	LazyPeersAbove int
 }
 
 // Peer is one desired WireGuard peer.
