@@ -29,8 +29,10 @@
 // first handshake is overdue, and with lazy peers takes the idle ones out.
 // No timer outside Run writes to the device.
 //
-// Lazy peers (Options.LazyPeers, in-process devices only; lazy.go): the
-// device holds only the peers that carry traffic. The others are kept as
+// Lazy peers (Options.LazyPeers, in-process devices only; lazy.go; with
+// Options.LazyPeersAbove only while more peers than that are configured,
+// every peer in the device up to it): the device holds only the peers
+// that carry traffic. The others are kept as
 // configured and put into the device, from the packet paths, by the first
 // packet read from the TUN device for their allowed IPs or by their first
 // handshake initiation (its sender identified and authenticated by
