@@ -65,6 +65,8 @@ type lazyPeersMode string
 
 const (
 	lazyPeersAuto lazyPeersMode = "auto"
+	lazyPeersOn   lazyPeersMode = "true"
+	lazyPeersOff  lazyPeersMode = "false"
 	// lazyPeersAutoAbove is how many peers an in-process device holds
 	// before auto makes it lazy: about 12 MB of wireguard-go's per-peer
 	// state, and more peers than a location mesh or a small full mesh has.
@@ -91,7 +93,7 @@ func (m *lazyPeersMode) Set(s string) error {
 // options is the mode as wg.Options' LazyPeers and LazyPeersAbove.
 func (m lazyPeersMode) options() (lazy bool, above int) {
 	switch m {
-	case "false":
+	case lazyPeersOff:
 		return false, 0
 	case lazyPeersAuto:
 		return true, lazyPeersAutoAbove

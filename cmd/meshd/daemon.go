@@ -156,7 +156,7 @@ func (d *daemon) openExecutors(opts mesh.Options, key wgtypes.Key, mtu int) (exe
 		writes["iptables"] = func() uint64 { return ipt4.Restores() + ipt6.Restores() }
 	}
 	d.reg.MustRegister(writes, lazyPeerMetrics(dev.LazyStats))
-	if c.LazyPeers == "true" && dev.Kind() != wg.KindUserspaceInProcess {
+	if c.LazyPeers == lazyPeersOn && dev.Kind() != wg.KindUserspaceInProcess {
 		log.Warn("--wireguard-lazy-peers applies to the built-in userspace device only; every peer stays in this one", "kind", dev.Kind())
 	}
 	d.device, d.routes = dev, routes

@@ -2,7 +2,6 @@ package wg
 
 import (
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -402,11 +401,16 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 		}
 	}
 	if l.eager {
-		for _, k := range slices.SortedFunc(maps.Keys(l.peers), compareKeys) {
-			if p := l.peers[k]; !p.active {
-				out.Peers = append(out.Peers, p.config(k))
-				l.setActive(p, true, l.now())
+		var back []wgtypes.Key // idle when the layer turned eager
+		for k, p := range l.peers {
+			if !p.active {
+				back = append(back, k)
 			}
+		}
+		slices.SortFunc(back, compareKeys)
+		for _, k := range back {
+			out.Peers = append(out.Peers, l.peers[k].config(k))
+			l.setActive(l.peers[k], true, l.now())
 		}
 	}
 	var joined []*lazyPeer
