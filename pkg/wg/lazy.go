@@ -401,17 +401,7 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 		}
 	}
 	if l.eager {
-		var back []wgtypes.Key // idle when the layer turned eager
-		for k, p := range l.peers {
-			if !p.active {
-				back = append(back, k)
-			}
-		}
-		slices.SortFunc(back, compareKeys)
-		for _, k := range back {
-			out.Peers = append(out.Peers, l.peers[k].config(k))
-			l.setActive(l.peers[k], true, l.now())
-		}
+		out.Peers = append(out.Peers, l.putBackIdle()...)
 	}
 	var joined []*lazyPeer
 	seen := map[*lazyPeer]bool{}
@@ -425,6 +415,24 @@ func (l *lazyPeers) record(cfg wgtypes.Config) (wgtypes.Config, []*lazyPeer) {
 		joined = append(joined, p)
 	}
 	return out, joined
+}
+
+// putBackIdle marks active the peers still out of the device (idle when the
+// layer turned eager) and returns their whole configurations, sorted.
+func (l *lazyPeers) putBackIdle() []wgtypes.PeerConfig {
+	var back []wgtypes.Key
+	for k, p := range l.peers {
+		if !p.active {
+			back = append(back, k)
+		}
+	}
+	slices.SortFunc(back, compareKeys)
+	out := make([]wgtypes.PeerConfig, 0, len(back))
+	for _, k := range back {
+		out = append(out, l.peers[k].config(k))
+		l.setActive(l.peers[k], true, l.now())
+	}
+	return out
 }
 
 // apply records one PeerConfig, with wgctrl's semantics.
